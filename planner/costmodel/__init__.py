@@ -1,0 +1,8 @@
+"""Cost models: per-layer tables (analytic or measured) and the stage-level terms built on them."""
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.costmodel.base import CostModel, DeviceClass, LayerTable, Shard, device_class_of
+from planner.costmodel.knobs import GPUKnobs, Knobs, default_knobs, load_knobs
+
+__all__ = ["AnalyticCostModel", "CostModel", "DeviceClass", "LayerTable", "Shard", "device_class_of",
+           "GPUKnobs", "Knobs", "default_knobs", "load_knobs"]

@@ -1,0 +1,159 @@
+"""Analytic cost source: roofline with calibrated efficiencies, needing nothing but specs.
+
+Compute: GEMM FLOPs over peak x a size-dependent efficiency; attention core at its own efficiency
+(causal flash kernels do half the full-attention FLOPs); element-wise work over HBM bandwidth.
+Communication: Megatron TP (+SP) collectives, ring / all-gather context parallelism, Ulysses
+all-to-alls, all with the alpha-beta model of `comm`.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from planner.costmodel import comm
+from planner.costmodel.base import DeviceClass, LayerTable, Shard
+from planner.costmodel.knobs import Knobs, default_knobs
+from planner.costmodel.shapes import (decoder_activation_bytes, layer_fwd_flops, layer_params,
+                                      layer_replicated_params)
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+
+BYTES_ACT = 2  # bf16/fp16 activations
+
+
+class AnalyticCostModel:
+    """The default cost source. Tables are cached per (device class, shard, model, training)."""
+
+    source = "modelled"
+
+    def __init__(self, knobs: Knobs | None = None) -> None:
+        self.knobs = knobs or default_knobs()
+        self._cached = lru_cache(maxsize=4096)(self._build)
+
+    def layer_table(self, dev: DeviceClass, shard: Shard, model: ModelSpec,
+                    training: TrainingSpec) -> LayerTable:
+        return self._cached(dev, shard, model, training)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _gemm_s(self, dev: DeviceClass, flops_per_gpu: float, dtype: str) -> float:
+        if flops_per_gpu <= 0:
+            return 0.0
+        k = self.knobs
+        eff = k.for_gpu(dev.gpu.name).gemm_eff_max * flops_per_gpu / (flops_per_gpu + k.gemm_half_flops)
+        return flops_per_gpu / (dev.gpu.peak_flops(dtype) * eff)
+
+    def _attn_s(self, dev: DeviceClass, flops_per_gpu: float, dtype: str) -> float:
+        if flops_per_gpu <= 0:
+            return 0.0
+        k = self.knobs
+        eff = k.for_gpu(dev.gpu.name).attn_eff_max * flops_per_gpu / (flops_per_gpu + k.gemm_half_flops)
+        return flops_per_gpu / (dev.gpu.peak_flops(dtype) * eff)
+
+    def _mem_s(self, dev: DeviceClass, nbytes: float) -> float:
+        bw = dev.gpu.mem_bw_gbs * 1e9 * self.knobs.for_gpu(dev.gpu.name).mem_eff
+        return nbytes / bw if nbytes > 0 else 0.0
+
+    def _build(self, dev: DeviceClass, shard: Shard, model: ModelSpec, training: TrainingSpec) -> LayerTable:
+        k = self.knobs
+        tp, cp, hp, b, s = shard.tp, shard.cp, shard.hp, shard.micro_batch, shard.seq_len
+        flash = training.attention == "flash"
+        sp = training.sequence_parallel and tp > 1
+        split = tp * cp * hp  # every GPU of the group does 1/split of the layer's work
+        tokens_gpu = b * s / (cp * hp)  # tokens one GPU holds outside attention heads split
+        h = model.hidden
+        group_link = dev.group_link(k, split)
+        dtype = training.dtype
+
+        # TP (+SP) collectives per layer, per direction: 2 all-gathers + 2 reduce-scatters with SP,
+        # 2 all-reduces without. Tensor = tokens_gpu x h activations.
+        act_tensor = tokens_gpu * h * BYTES_ACT
+        if tp > 1:
+            if sp:
+                tp_dir_s = 4 * comm.all_gather_s(k, act_tensor, tp, group_link)
+            else:
+                tp_dir_s = 2 * comm.all_reduce_s(k, act_tensor, tp, group_link)
+            tp_dir_s *= k.tp_exposed
+        else:
+            tp_dir_s = 0.0
+        # Ulysses: all-to-all of q, k, v before attention and of the output after (per direction).
+        if hp > 1:
+            qkvo_bytes = tokens_gpu * (2 * h + 2 * model.kv_dim) * BYTES_ACT / tp
+            hp_dir_s = comm.all_to_all_s(k, qkvo_bytes, hp, group_link)
+        else:
+            hp_dir_s = 0.0
+
+        act = decoder_activation_bytes(model)
+        seq_div = tp if sp else 1
+        elem_tokens = tokens_gpu / seq_div
+
+        n = model.num_layer_slots
+        fwd = np.zeros(n)
+        bwd = np.zeros(n)
+        params = np.zeros(n)
+        act_bytes = np.zeros(n)
+        work = np.zeros(n)
+        for layer in model.layers():
+            i, kind = layer.index, layer.kind
+            p_total = layer_params(model, kind)
+            p_rep = layer_replicated_params(model, kind)
+            params[i] = (p_total - p_rep) / tp + p_rep
+            fl = layer_fwd_flops(model, kind, b, s)
+            gemm_f = self._gemm_s(dev, fl.gemm / split, dtype)
+            if kind == "embedding":
+                mem_f = self._mem_s(dev, 2 * elem_tokens * h * BYTES_ACT)
+                f = mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)  # one reduce(-scatter) of the lookup
+                fwd[i], bwd[i] = f, 2 * mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
+                act_bytes[i] = elem_tokens * h * (1 if model.dropout else 0)
+                work[i] = 0.0
+                continue
+            if kind == "head":
+                logits_bytes = tokens_gpu * model.vocab / tp * 4  # fp32 logits for the loss
+                mem_f = self._mem_s(dev, 3 * logits_bytes + 4 * elem_tokens * h * BYTES_ACT)
+                f = gemm_f + mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
+                fwd[i] = f
+                bwd[i] = k.bwd_over_fwd * gemm_f + 2 * mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
+                act_bytes[i] = logits_bytes + elem_tokens * h * BYTES_ACT
+                work[i] = logits_bytes
+                continue
+            # decoder block
+            attn_flops = (fl.attn_causal if flash else fl.attn_full) / split
+            attn_f = self._attn_s(dev, attn_flops, dtype)
+            mem_bytes_f = k.elementwise_bytes_per_token * elem_tokens * h
+            if not flash:  # softmax, mask and dropout over the score matrix
+                mem_bytes_f += 3 * BYTES_ACT * b * model.num_heads * s * s / split
+            mem_f = self._mem_s(dev, mem_bytes_f)
+            cp_f = cp_b = 0.0
+            if cp > 1:
+                kv_bytes = b * (s / cp) * 2 * model.kv_dim * BYTES_ACT / (tp * hp)
+                if training.cp_comm == "ring":
+                    ring = (cp - 1) * comm.p2p_s(k, kv_bytes, group_link)
+                    cp_f = max(0.0, ring - k.cp_overlap * attn_f)
+                    cp_b = max(0.0, 2 * ring - k.cp_overlap * k.attn_bwd_over_fwd * attn_f)
+                else:
+                    cp_f = comm.all_gather_s(k, kv_bytes * cp, cp, group_link)
+                    cp_b = cp_f
+            f_compute = gemm_f + attn_f + mem_f
+            f = f_compute + tp_dir_s + 2 * hp_dir_s + cp_f
+            b_ = (k.bwd_over_fwd * gemm_f + k.attn_bwd_over_fwd * attn_f + 2 * mem_f
+                  + tp_dir_s + 2 * hp_dir_s + cp_b)
+            stored = (act.seq_sharded / seq_div + act.tp_sharded / tp + act.act_fn_out / tp) * tokens_gpu
+            if not flash:
+                stored += act.quadratic_per_seq * tokens_gpu * (s / cp) / (tp * hp)
+            full_stash = stored
+            if shard.recompute == "selective":
+                if flash:  # recompute the MLP activation function from its input
+                    stored -= act.act_fn_out / tp * tokens_gpu
+                    b_ += 0.25 * mem_f
+                else:  # recompute the attention core (Korthikanti et al.)
+                    stored -= act.quadratic_per_seq * tokens_gpu * (s / cp) / (tp * hp)
+                    b_ += attn_f + 0.25 * mem_f
+            elif shard.recompute == "full":
+                stored = 2.0 * elem_tokens * h  # the layer input only
+                b_ += f  # the whole forward again, communication included
+            fwd[i], bwd[i] = f, b_
+            act_bytes[i] = stored
+            work[i] = full_stash if shard.recompute == "full" else 0.0
+        boundary = tokens_gpu * h * BYTES_ACT / seq_div
+        return LayerTable(fwd, bwd, params, act_bytes, work, np.zeros(n, dtype=bool), boundary)

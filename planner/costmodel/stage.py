@@ -1,0 +1,145 @@
+"""Stage-level costs built from layer tables: the one place where a stage's time, memory, gradient
+sync and optimizer step are defined. The evaluator and the search both call these functions, so the
+search optimises exactly what the evaluator reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costmodel import comm
+from planner.costmodel.base import DeviceClass, LayerTable
+from planner.costmodel.knobs import Knobs
+
+GRAD_BYTES = 4  # fp32 main gradients (Megatron's accounting: 2 weight + 4 grad + 12 optimizer)
+
+
+def bytes_per_param(zero: int, dp_total: int) -> float:
+    """Weights + grads + Adam states per parameter: 18 B plain, 6 + 12/DP with a distributed optimizer."""
+    d = max(1, dp_total)
+    if zero == 0:
+        return 18.0
+    if zero == 1:
+        return 6.0 + 12.0 / d
+    if zero == 2:
+        return 2.0 + 16.0 / d
+    return 18.0 / d
+
+
+def memory_capacity_bytes(knobs: Knobs, dev: DeviceClass) -> int:
+    """What a training process can allocate on one GPU."""
+    return int(dev.gpu.mem_bytes * knobs.mem_usable_fraction - knobs.mem_reserved_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSums:
+    """Prefix sums over a layer table, so any contiguous range costs O(1)."""
+
+    fwd_cum: np.ndarray
+    bwd_cum: np.ndarray
+    params_cum: np.ndarray
+    act_cum: np.ndarray
+
+    @staticmethod
+    def of(table: LayerTable) -> "StageSums":
+        z = np.zeros(1)
+        return StageSums(np.concatenate([z, np.cumsum(table.fwd_s)]),
+                         np.concatenate([z, np.cumsum(table.bwd_s)]),
+                         np.concatenate([z, np.cumsum(table.params_per_gpu)]),
+                         np.concatenate([z, np.cumsum(table.act_bytes)]))
+
+    def fwd_s(self, first: int, last: int) -> float:
+        return float(self.fwd_cum[last + 1] - self.fwd_cum[first])
+
+    def bwd_s(self, first: int, last: int) -> float:
+        return float(self.bwd_cum[last + 1] - self.bwd_cum[first])
+
+    def params(self, first: int, last: int) -> float:
+        return float(self.params_cum[last + 1] - self.params_cum[first])
+
+    def act_bytes(self, first: int, last: int) -> float:
+        return float(self.act_cum[last + 1] - self.act_cum[first])
+
+
+def boundary_link(knobs: Knobs, a: DeviceClass, b: DeviceClass, single_node: bool) -> comm.Link:
+    """Stage-to-stage traffic: NVLink on a one-node cluster, else the slower of the two NICs
+    (the planner assumes consecutive stages may sit on different nodes)."""
+    if single_node:
+        return a.intra_link(knobs)
+    return comm.Link(min(a.nic_gbs, b.nic_gbs), knobs.alpha_inter_s, inter=True)
+
+
+def boundary_s(knobs: Knobs, sender: LayerTable, receiver: LayerTable, link: comm.Link) -> float:
+    """One microbatch's activations (forward) or gradients (backward) across a stage boundary."""
+    return comm.p2p_s(knobs, max(sender.boundary_bytes, receiver.boundary_bytes), link)
+
+
+def stage_memory_bytes(table: LayerTable, sums: StageSums, first: int, last: int, in_flight: int,
+                       zero: int, dp_total: int) -> float:
+    """Peak bytes on one GPU of the stage: model states + stashed activations + working set."""
+    states = sums.params(first, last) * bytes_per_param(zero, dp_total)
+    acts = sums.act_bytes(first, last) * in_flight
+    work = float(np.max(table.work_bytes[first:last + 1])) if last >= first else 0.0
+    return states + acts + work
+
+
+def in_flight(schedule: str, num_stages: int, stage: int, microbatches: int) -> int:
+    """Microbatches whose activations a stage holds at its peak (1F1B: S - s, capped by m)."""
+    if schedule == "gpipe":
+        return microbatches
+    return min(num_stages - stage, microbatches)
+
+
+def grad_sync_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, group_gpus: int, copies: int,
+                zero: int, single_node: bool) -> float:
+    """Gradient reduction of one stage's shard over all `copies` that hold it (replicas x intra-stage dp).
+
+    Copies of the same shard are assumed packed onto a node as far as it holds them (the placer does
+    this), so the reduction is hierarchical: NVLink inside the node, then each GPU's own NIC. With a
+    distributed optimizer it is a reduce-scatter of fp32 grads plus an all-gather of bf16 weights,
+    3/4 of an all-reduce's traffic.
+    """
+    if copies <= 1:
+        return 0.0
+    per_node = copies if single_node else max(1, min(copies, dev.gpus_per_node // max(1, group_gpus)))
+    t = comm.hierarchical_all_reduce_s(knobs, params_per_gpu * GRAD_BYTES, copies, per_node,
+                                       dev.intra_link(knobs), dev.nic_link(knobs))
+    return 0.75 * t if zero >= 1 else t
+
+
+def optimizer_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, zero: int, dp_total: int) -> float:
+    """Adam step: memory-bound over the parameters this GPU updates."""
+    shard = params_per_gpu / max(1, dp_total) if zero >= 1 else params_per_gpu
+    bw = dev.gpu.mem_bw_gbs * 1e9 * knobs.for_gpu(dev.gpu.name).mem_eff
+    return shard * knobs.optimizer_bytes_per_param / bw
+
+
+def pipeline_time_s(schedule: str, fwd: list[float], bwd: list[float], microbatches: int) -> float:
+    """Closed form: 1F1B  sum(F+B) + (m-1)·max(F+B);  GPipe  sum(F+B) + (m-1)·(max F + max B)."""
+    total = sum(fwd) + sum(bwd)
+    if schedule == "gpipe":
+        return total + (microbatches - 1) * (max(fwd) + max(bwd))
+    return total + (microbatches - 1) * max(f + b for f, b in zip(fwd, bwd))
+
+
+def pipeline_shape(schedule: str, fwd: list[float], bwd: list[float]) -> tuple[float, float]:
+    """(A, C) with pipeline time A + (m-1)·C, the form the search's ILP uses."""
+    a = sum(fwd) + sum(bwd)
+    c = max(fwd) + max(bwd) if schedule == "gpipe" else max(f + b for f, b in zip(fwd, bwd))
+    return a, c
+
+
+def tail_s(knobs: Knobs, bwd: list[float], sync: list[float], opt: list[float]) -> float:
+    """Time after a pipeline's last backward until its optimizer step ends.
+
+    Stage s's gradients are final when its last backward ends; the backward of stages < s still runs
+    then, hiding `dp_overlap` of its time. Each stage then steps its optimizer."""
+    out = 0.0
+    hidden = 0.0
+    for s, (sync_s, opt_s) in enumerate(zip(sync, opt)):
+        exposed = max(0.0, sync_s - knobs.dp_overlap * hidden)
+        out = max(out, exposed + opt_s)
+        hidden += bwd[s]
+    return out
