@@ -83,12 +83,11 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
         for si, (stage, sc) in enumerate(zip(pipe.stages, costs)):
             f = sc.sums.fwd_s(sc.first, sc.last)
             b = sc.sums.bwd_s(sc.first, sc.last)
+            recv = st.recv_s(knobs, sc.dev, sc.table, single)
             if si > 0:
-                prev = costs[si - 1]
-                f += st.boundary_s(knobs, prev.table, sc.table, st.boundary_link(knobs, prev.dev, sc.dev, single))
+                f += recv
             if si < n - 1:
-                nxt = costs[si + 1]
-                b += st.boundary_s(knobs, nxt.table, sc.table, st.boundary_link(knobs, sc.dev, nxt.dev, single))
+                b += recv
             params = sc.sums.params(sc.first, sc.last)
             copies = replicas * stage.dp
             sync_s = st.grad_sync_s(knobs, sc.dev, params, stage.group_size, copies, plan.training.zero, single)
@@ -108,7 +107,7 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
                 measured=measured))
         t = st.pipeline_time_s(plan.schedule, fwd, bwd, pipe.microbatches)
         pipe_times.append(t)
-        tails.append(st.tail_s(knobs, bwd, sync, opt))
+        tails.append(max(st.stage_tail_s(knobs, b, y, o) for b, y, o in zip(bwd, sync, opt)))
         si_max = max(range(n), key=lambda i: fwd[i] + bwd[i])
         if t > worst[0]:
             worst = (t, f"pipeline {pi} stage {si_max} ({pipe.stages[si_max].gpu}, layers "

@@ -23,6 +23,15 @@ from planner.specs.training import TrainingSpec
 BYTES_ACT = 2  # bf16/fp16 activations
 
 
+def gemm_peak_flops(knobs: Knobs, dev: DeviceClass, dtype: str) -> float:
+    """Peak GEMM FLOP/s a dtype can reach: fp8 is the bf16 peak times the fp8 speedup achieved in
+    training (scaling, casts and bf16 fallbacks keep it below the datasheet ratio), capped by that ratio."""
+    if dtype != "fp8":
+        return dev.gpu.peak_flops(dtype)
+    bf16 = dev.gpu.peak_flops("bf16")
+    return bf16 * min(knobs.fp8_gemm_speedup, dev.gpu.peak_flops("fp8") / bf16)
+
+
 class AnalyticCostModel:
     """The default cost source. Tables are cached per (device class, shard, model, training)."""
 
@@ -42,14 +51,15 @@ class AnalyticCostModel:
             return 0.0
         k = self.knobs
         eff = k.for_gpu(dev.gpu.name).gemm_eff_max * flops_per_gpu / (flops_per_gpu + k.gemm_half_flops)
-        return flops_per_gpu / (dev.gpu.peak_flops(dtype) * eff)
+        return flops_per_gpu / (gemm_peak_flops(k, dev, dtype) * eff)
 
     def _attn_s(self, dev: DeviceClass, flops_per_gpu: float, dtype: str) -> float:
         if flops_per_gpu <= 0:
             return 0.0
         k = self.knobs
         eff = k.for_gpu(dev.gpu.name).attn_eff_max * flops_per_gpu / (flops_per_gpu + k.gemm_half_flops)
-        return flops_per_gpu / (dev.gpu.peak_flops(dtype) * eff)
+        # fp8 training (Transformer Engine, torchao Float8) runs the attention core in bf16
+        return flops_per_gpu / (dev.gpu.peak_flops("bf16" if dtype == "fp8" else dtype) * eff)
 
     def _mem_s(self, dev: DeviceClass, nbytes: float) -> float:
         bw = dev.gpu.mem_bw_gbs * 1e9 * self.knobs.for_gpu(dev.gpu.name).mem_eff
@@ -63,6 +73,10 @@ class AnalyticCostModel:
         split = tp * cp * hp  # every GPU of the group does 1/split of the layer's work
         tokens_gpu = b * s / (cp * hp)  # tokens one GPU holds outside attention heads split
         h = model.hidden
+        # Megatron rank order: TP ranks are adjacent, CP next, head-parallel outermost, so a TP group
+        # stays on NVLink even when tp*cp spans nodes (CP then rides the NIC).
+        tp_link = dev.group_link(k, tp)
+        cp_link = dev.group_link(k, tp * cp)
         group_link = dev.group_link(k, split)
         dtype = training.dtype
 
@@ -71,9 +85,9 @@ class AnalyticCostModel:
         act_tensor = tokens_gpu * h * BYTES_ACT
         if tp > 1:
             if sp:
-                tp_dir_s = 4 * comm.all_gather_s(k, act_tensor, tp, group_link)
+                tp_dir_s = 4 * comm.all_gather_s(k, act_tensor, tp, tp_link)
             else:
-                tp_dir_s = 2 * comm.all_reduce_s(k, act_tensor, tp, group_link)
+                tp_dir_s = 2 * comm.all_reduce_s(k, act_tensor, tp, tp_link)
             tp_dir_s *= k.tp_exposed
         else:
             tp_dir_s = 0.0
@@ -128,11 +142,11 @@ class AnalyticCostModel:
             if cp > 1:
                 kv_bytes = b * (s / cp) * 2 * model.kv_dim * BYTES_ACT / (tp * hp)
                 if training.cp_comm == "ring":
-                    ring = (cp - 1) * comm.p2p_s(k, kv_bytes, group_link)
+                    ring = (cp - 1) * comm.p2p_s(k, kv_bytes, cp_link)
                     cp_f = max(0.0, ring - k.cp_overlap * attn_f)
                     cp_b = max(0.0, 2 * ring - k.cp_overlap * k.attn_bwd_over_fwd * attn_f)
                 else:
-                    cp_f = comm.all_gather_s(k, kv_bytes * cp, cp, group_link)
+                    cp_f = comm.all_gather_s(k, kv_bytes * cp, cp, cp_link)
                     cp_b = cp_f
             f_compute = gemm_f + attn_f + mem_f
             f = f_compute + tp_dir_s + 2 * hp_dir_s + cp_f

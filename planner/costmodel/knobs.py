@@ -35,6 +35,8 @@ class Knobs(BaseModel):
                                    "efficiency is half of its maximum (small shapes run slower)")
     elementwise_bytes_per_token: float = Field(default=34.0, ge=0, description="HBM bytes per token per "
                                                "hidden unit moved by norms, activations, residuals (fwd)")
+    fp8_gemm_speedup: float = Field(default=1.5, ge=1, le=2, description="fp8 / bf16 GEMM throughput "
+                                    "achieved in fp8 training (capped by the GPU's fp8 / bf16 peak ratio)")
     bwd_over_fwd: float = Field(default=2.0, gt=0, description="backward / forward time of GEMMs")
     attn_bwd_over_fwd: float = Field(default=2.5, gt=0, description="backward / forward of flash attention")
     coll_eff_max: float = Field(default=0.8, gt=0, le=1, description="bus bandwidth / link bandwidth, large messages")

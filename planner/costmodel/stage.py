@@ -63,17 +63,19 @@ class StageSums:
         return float(self.act_cum[last + 1] - self.act_cum[first])
 
 
-def boundary_link(knobs: Knobs, a: DeviceClass, b: DeviceClass, single_node: bool) -> comm.Link:
-    """Stage-to-stage traffic: NVLink on a one-node cluster, else the slower of the two NICs
-    (the planner assumes consecutive stages may sit on different nodes)."""
-    if single_node:
-        return a.intra_link(knobs)
-    return comm.Link(min(a.nic_gbs, b.nic_gbs), knobs.alpha_inter_s, inter=True)
+def recv_link(knobs: Knobs, dev: DeviceClass, single_node: bool) -> comm.Link:
+    """Stage-to-stage traffic arrives over NVLink on a one-node cluster, else over the receiving
+    GPU's own NIC (the planner assumes consecutive stages may sit on different nodes)."""
+    return dev.intra_link(knobs) if single_node else dev.nic_link(knobs)
 
 
-def boundary_s(knobs: Knobs, sender: LayerTable, receiver: LayerTable, link: comm.Link) -> float:
-    """One microbatch's activations (forward) or gradients (backward) across a stage boundary."""
-    return comm.p2p_s(knobs, max(sender.boundary_bytes, receiver.boundary_bytes), link)
+def recv_s(knobs: Knobs, dev: DeviceClass, table: LayerTable, single_node: bool) -> float:
+    """One microbatch's activations (forward) or gradients (backward) received by one GPU of the stage.
+
+    Receiver-bound: each GPU receives its own share (`boundary_bytes`) over its own link, so the cost
+    belongs to the receiving stage alone. The first stage receives no activations, the last no
+    gradients."""
+    return comm.p2p_s(knobs, table.boundary_bytes, recv_link(knobs, dev, single_node))
 
 
 def stage_memory_bytes(table: LayerTable, sums: StageSums, first: int, last: int, in_flight: int,
@@ -131,15 +133,7 @@ def pipeline_shape(schedule: str, fwd: list[float], bwd: list[float]) -> tuple[f
     return a, c
 
 
-def tail_s(knobs: Knobs, bwd: list[float], sync: list[float], opt: list[float]) -> float:
-    """Time after a pipeline's last backward until its optimizer step ends.
-
-    Stage s's gradients are final when its last backward ends; the backward of stages < s still runs
-    then, hiding `dp_overlap` of its time. Each stage then steps its optimizer."""
-    out = 0.0
-    hidden = 0.0
-    for s, (sync_s, opt_s) in enumerate(zip(sync, opt)):
-        exposed = max(0.0, sync_s - knobs.dp_overlap * hidden)
-        out = max(out, exposed + opt_s)
-        hidden += bwd[s]
-    return out
+def stage_tail_s(knobs: Knobs, bwd_s: float, sync_s: float, opt_s: float) -> float:
+    """Time a stage adds after its last backward: gradient sync not hidden behind that backward
+    (`dp_overlap` of it can be, as with bucketed overlapped reduction), then its optimizer step."""
+    return max(0.0, sync_s - knobs.dp_overlap * bwd_s) + opt_s

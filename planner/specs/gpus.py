@@ -148,7 +148,8 @@ def resolve_gpu_name(name: str, field: str = "gpu") -> str:
     key = name.strip().lower()
     index = _alias_index()
     if key not in index:
-        raise HetplanError(field, f"unknown GPU type '{name}'" + suggest(name, index.keys()))
+        names = list(gpu_catalog()) + [a for g in gpu_catalog().values() for a in g.aliases]
+        raise HetplanError(field, f"unknown GPU type '{name}'" + suggest(name, names))
     return index[key]
 
 

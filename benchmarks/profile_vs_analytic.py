@@ -1,0 +1,105 @@
+"""Analytic model vs measured Sailor profiles: decoder-layer fwd+bwd per (model, GPU, tp, microbatch).
+
+    python benchmarks/profile_vs_analytic.py [--profiles profiles/sailor] [--attention naive] [--csv out.csv]
+
+Prints one row per measured decoder entry, then the mean absolute percentage error (MAPE) and the median
+measured/analytic ratio per GPU type, over all files and over the files without import warnings. The
+ratio per GPU is what a per-GPU efficiency calibration would have to absorb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.costmodel.base import DeviceClass, Shard
+from planner.costmodel.knobs import Knobs, default_knobs
+from planner.costmodel.profile import load_profiles
+from planner.specs.gpus import get_gpu
+from planner.specs.models import get_model
+from planner.specs.training import TrainingSpec
+
+REPO = Path(__file__).resolve().parents[1]
+FIELDS = ["model", "gpu", "tp", "micro_batch", "measured_ms", "analytic_ms", "rel_err", "flagged"]
+
+
+def compare(profile_dir: Path, knobs: Knobs, attention: str, sp: bool) -> list[dict]:
+    analytic = AnalyticCostModel(knobs)
+    rows = []
+    for prof in load_profiles(profile_dir):
+        gpu, model = get_gpu(prof.gpu), get_model(prof.model)
+        dev = DeviceClass(gpu, gpu.gpus_per_node, gpu.intra_bw_gbs, gpu.nic_gbps / 8.0)
+        flagged = bool(prof.meta.get("warnings"))
+        for e in prof.entries:
+            if e.layer != "decoder" or e.recompute != "none":
+                continue
+            training = TrainingSpec(global_batch=e.micro_batch, seq_len=e.seq_len,
+                                    dtype="fp16" if prof.dtype == "fp32" else prof.dtype,
+                                    attention=attention, sequence_parallel=sp)
+            t = analytic.layer_table(dev, Shard(e.tp, e.cp, e.hp, e.micro_batch, "none", e.seq_len), model,
+                                     training)
+            ana_ms = 1e3 * float(t.fwd_s[1] + t.bwd_s[1])
+            meas_ms = e.fwd_ms + e.bwd_ms
+            rows.append({"model": prof.model, "gpu": prof.gpu, "tp": e.tp, "micro_batch": e.micro_batch,
+                         "measured_ms": meas_ms, "analytic_ms": ana_ms,
+                         "rel_err": (ana_ms - meas_ms) / meas_ms, "flagged": flagged})
+    return rows
+
+
+def summary(rows: list[dict]) -> list[tuple[str, int, float, float, int, float, float]]:
+    """(gpu, n, MAPE, median measured/analytic, n unflagged, MAPE unflagged, ratio unflagged)."""
+    out = []
+    for gpu in sorted({r["gpu"] for r in rows}):
+        mine = [r for r in rows if r["gpu"] == gpu]
+        clean = [r for r in mine if not r["flagged"]]
+
+        def stats(rs: list[dict]) -> tuple[float, float]:
+            if not rs:
+                return float("nan"), float("nan")
+            return (100 * statistics.fmean(abs(r["rel_err"]) for r in rs),
+                    statistics.median(r["measured_ms"] / r["analytic_ms"] for r in rs))
+
+        m_all, r_all = stats(mine)
+        m_clean, r_clean = stats(clean)
+        out.append((gpu, len(mine), m_all, r_all, len(clean), m_clean, r_clean))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profiles", type=Path, default=REPO / "profiles" / "sailor")
+    ap.add_argument("--attention", choices=["flash", "naive"], default="naive",
+                    help="analytic attention kernel; Sailor's runs were non-flash (see profile meta)")
+    ap.add_argument("--sp", action="store_true", help="analytic model with sequence parallelism")
+    ap.add_argument("--builtin-knobs", action="store_true", help="Knobs() constants, not the packaged file")
+    ap.add_argument("--csv", type=Path, help="write every row to this CSV file")
+    ap.add_argument("--quiet", action="store_true", help="summary only")
+    args = ap.parse_args(argv)
+    knobs = Knobs() if args.builtin_knobs else default_knobs()
+    rows = compare(args.profiles, knobs, args.attention, args.sp)
+    if not args.quiet:
+        print(f"{'model':<14}{'gpu':<17}{'tp':>3}{'mb':>5}{'measured ms':>13}{'analytic ms':>13}{'rel err':>9}")
+        for r in rows:
+            print(f"{r['model']:<14}{r['gpu']:<17}{r['tp']:>3}{r['micro_batch']:>5}{r['measured_ms']:>13.3f}"
+                  f"{r['analytic_ms']:>13.3f}{100 * r['rel_err']:>8.1f}%{'  *' if r['flagged'] else ''}")
+        print("* file flagged at import (anomalously slow, see its meta.warnings)\n")
+    print(f"decoder fwd+bwd, analytic ({args.attention} attention, sp={args.sp}, "
+          f"{'built-in' if args.builtin_knobs else 'packaged'} knobs) vs Sailor measurements")
+    print(f"{'gpu':<17}{'n':>4}{'MAPE':>8}{'meas/ana':>10}{'n clean':>9}{'MAPE':>8}{'meas/ana':>10}")
+    for gpu, n, m, r, nc, mc, rc in summary(rows):
+        print(f"{gpu:<17}{n:>4}{m:>7.1f}%{r:>10.2f}{nc:>9}{mc:>7.1f}%{rc:>10.2f}")
+    if args.csv:
+        with args.csv.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=FIELDS)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""`search`: the fastest plan for a model on a (mixed) cluster, with a lower bound and its gap.
+
+Outer loops: microbatch size b, then the number of pipelines R (exactly for R <= 8, in narrow
+classes above). Inner exact problems: the layer split of every pipeline skeleton
+(`solvers.partition`) and the choice of templates and microbatch counts (`solvers.assign`).
+
+Why the bound holds: for a replica class [lo, hi] the templates are costed with gradient sync for
+`lo` replicas (sync only grows with more replicas) and, with a distributed optimizer, with optimizer
+states sharded over `hi` replicas (only shrinks memory and optimizer time), so every plan with R in
+the class costs at least what the assignment problem (exact over those templates) returns. With
+R fixed (lo = hi) the templates are exact and the bound equals the best plan of that class. The
+minimum over all classes and microbatch sizes therefore bounds every plan in the searched space;
+classes a time limit left unsolved are covered by the fluid compute bound (`bounds`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.costmodel.base import CostModel, Shard
+from planner.errors import HetplanError, InfeasibleError
+from planner.evaluate import evaluate
+from planner.plan import Plan, Prediction
+from planner.search.bounds import fluid_bound_s
+from planner.search.options import OptionContext, build_options
+from planner.search.placement import build_plan
+from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
+from planner.search.templates import (Template, block_skeletons, count_sequences, exact_skeletons,
+                                      prune_templates, skeleton_templates)
+from planner.specs.cluster import ClusterSpec
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+from solvers.assign import BIG_M, AssignProblem, SolverStats, solve_assignment
+
+Progress = Callable[[float, str], None]
+
+
+@dataclass
+class SearchResult:
+    plan: Plan
+    prediction: Prediction
+    lower_bound_s: float
+    gap: float
+    alternatives: list[Plan]
+    coverage: str
+    idle_gpus: dict[str, int]
+    explanation: list[str]
+    stats: dict[str, float] = field(default_factory=dict)
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    step_s: float
+    plan: Plan
+    prediction: Prediction
+    micro_batch: int
+
+
+def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1) -> list[tuple[int, int]]:
+    """Singletons up to `exact_upto`, then classes [lo, hi] with hi <= lo·ratio."""
+    out = [(r, r) for r in range(1, min(r_max, exact_upto) + 1)]
+    lo = exact_upto + 1
+    while lo <= r_max:
+        hi = min(r_max, max(lo, int(lo * ratio)))
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
+
+
+def micro_batch_sizes(training: TrainingSpec) -> list[int]:
+    gb = training.global_batch
+    if training.micro_batches:
+        ok = sorted(b for b in set(training.micro_batches) if gb % b == 0)
+        if not ok:
+            near = sorted({(gb // b) * b for b in training.micro_batches} | {-(-gb // b) * b for b in training.micro_batches} - {0})
+            raise HetplanError("global_batch", f"no microbatch size in {sorted(training.micro_batches)} divides "
+                               f"{gb}; nearest valid global batches: {', '.join(map(str, near[:4]))}")
+        return ok
+    return [b for b in (1, 2, 4, 8, 16) if gb % b == 0]
+
+
+def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: int,
+             replicas: tuple[int, int]) -> AssignProblem:
+    return AssignProblem(
+        a_s=np.array([t.a_s for t in templates]), c_s=np.array([t.c_s for t in templates]),
+        e_s=np.array([t.e_s for t in templates]),
+        max_microbatches=np.array([t.max_microbatches or BIG_M for t in templates], dtype=np.int64),
+        usage=np.array([t.usage for t in templates], dtype=np.int64).reshape(len(templates), len(avail)),
+        avail=np.array(avail, dtype=np.int64), microbatches=microbatches, replicas=replicas)
+
+
+def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+           micro_batch: int) -> float:
+    n = model.num_layer_slots
+    work = np.full((n, len(classes)), np.inf)
+    for rc in classes:
+        for shape in stage_shapes(model, training, rc, micro_batch):
+            table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
+                                                   shape.recompute, training.seq_len), model, training)
+            w = (table.fwd_s + table.bwd_s) * shape.gpus
+            work[:, rc.index] = np.minimum(work[:, rc.index], w)
+    gpus = np.array([rc.gpus for rc in classes], dtype=float)
+    return fluid_bound_s(work, gpus, training.global_batch // micro_batch) + cost.knobs.step_overhead_s
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
+           time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 3,
+           exact_limit: int = 3000, top_k: int = 3, progress: Progress | None = None) -> SearchResult:
+    """Best plan, its prediction, a lower bound valid for the searched space, and alternatives."""
+    start = time.perf_counter()
+    cost = cost or AnalyticCostModel()
+    if solver not in ("cpsat", "cbc", "highs"):
+        raise HetplanError("solver", f"unknown solver '{solver}' (cpsat, cbc, highs)")
+    if training.schedule != "1f1b":
+        raise HetplanError("training.schedule", "the search plans 1F1B schedules; GPipe plans can be "
+                           "evaluated and simulated but are not searched")
+    classes = resource_classes(cluster)
+    if not classes:
+        raise InfeasibleError("cluster", "the cluster has no GPUs: nothing to plan")
+    avail = tuple(rc.gpus for rc in classes)
+    n_slots = model.num_layer_slots
+    sizes = micro_batch_sizes(training)
+    stats = SolverStats()
+    counters = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
+    candidates: list[_Candidate] = []
+    bounds: list[float] = []
+    coverage = "exact"
+    timed_out = False
+    units = []
+    for b in sizes:
+        shapes = {rc.index: stage_shapes(model, training, rc, b) for rc in classes}
+        types = block_types(shapes)
+        if not types:
+            continue
+        type_list = list(types)
+        if count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
+            skeletons = exact_skeletons(type_list, avail, n_slots)
+        else:
+            coverage = f"blocks<={max_blocks}"
+            skeletons = block_skeletons(type_list, avail, n_slots, max_blocks)
+        microbatches = training.global_batch // b
+        r_max = min(microbatches, sum(avail) // min(bt.gpus for bt in type_list))
+        for rng in replica_classes(max(1, r_max)):
+            units.append((b, types, skeletons, rng))
+    unsolved_sizes: set[int] = set()
+    for k, (b, types, skeletons, (lo, hi)) in enumerate(units):
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            timed_out = True
+            unsolved_sizes.add(b)
+            continue
+        if progress:
+            progress(k / max(1, len(units)), f"micro_batch {b}, pipelines {lo}-{hi}")
+        microbatches = training.global_batch // b
+        ctx = OptionContext(model, training, b, lo, lo, cluster.single_node)
+        opts = {bt: build_options(cost, classes[bt.cls], shp, ctx) for bt, shp in types.items()}
+        templates = [t for sk in skeletons for t in skeleton_templates(sk, opts, types, len(classes))]
+        counters["skeletons"] += len(skeletons)
+        kept = prune_templates(templates)
+        counters["templates"] += len(templates)
+        counters["templates_pruned"] += len(templates) - len(kept)
+        if not kept:
+            continue
+        remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
+        sol = solve_assignment(_problem(kept, avail, microbatches, (lo, hi)), solver, time_limit_s=remaining,
+                               stats=stats)
+        counters["assignments"] += 1
+        overhead = cost.knobs.step_overhead_s
+        bound = None
+        if lo != hi and training.zero >= 1:
+            ctx_lb = OptionContext(model, training, b, lo, hi, cluster.single_node)
+            opts_lb = {bt: build_options(cost, classes[bt.cls], shp, ctx_lb) for bt, shp in types.items()}
+            lb_t = prune_templates([t for sk in skeletons for t in skeleton_templates(sk, opts_lb, types, len(classes))])
+            lb_sol = solve_assignment(_problem(lb_t, avail, microbatches, (lo, hi)), solver, stats=stats) if lb_t else None
+            if lb_sol is not None:
+                bound = lb_sol.objective_s + overhead
+        elif sol is not None:
+            bound = sol.objective_s + overhead
+        if stats.timed_out:
+            timed_out = True
+            unsolved_sizes.add(b)
+        elif bound is not None:
+            bounds.append(bound * (1 - 1e-9))
+        if sol is None:
+            continue
+        chosen = [(kept[t], sol.microbatches[t]) for t in range(len(kept)) if sol.counts[t]]
+        plan = build_plan(model, training, cluster, classes, b, chosen)
+        pred = evaluate(plan, cluster, cost)
+        candidates.append(_Candidate(pred.step_s, plan, pred, b))
+    if progress:
+        progress(1.0, "done")
+    if not candidates:
+        _raise_infeasible(model, training, cluster, classes, cost, timed_out)
+    candidates.sort(key=lambda c: (c.step_s, c.micro_batch, c.plan.num_gpus))
+    best = candidates[0]
+    for b in sorted(unsolved_sizes):
+        bounds.append(_fluid(cost, model, training, classes, b))
+    lower = min(bounds) if bounds else 0.0
+    lower = min(lower, best.step_s)
+    gap = best.step_s / lower - 1 if lower > 0 else float("inf")
+    pred = best.prediction.model_copy(update={"lower_bound_s": lower, "gap": gap})
+    plan = best.plan.model_copy(update={"predicted": pred})
+    alternatives = _alternatives(candidates, top_k)
+    used: dict[str, int] = {}
+    for p in plan.pipelines:
+        for s in p.stages:
+            used[s.gpu] = used.get(s.gpu, 0) + s.num_gpus
+    idle = {rc.name: 0 for rc in classes}
+    for rc in classes:
+        idle[rc.name] += rc.gpus
+    for g, n in used.items():
+        idle[g] -= n
+    idle = {g: n for g, n in idle.items() if n}
+    explanation = _explain(plan, pred, idle)
+    out_stats = {**counters, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
+                 "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
+    return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
+
+
+def _alternatives(candidates: list[_Candidate], top_k: int) -> list[Plan]:
+    seen: set[str] = set()
+    out = []
+    for c in candidates[1:]:
+        key = c.plan.to_json()
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(c.plan.model_copy(update={"predicted": c.prediction}))
+        if len(out) >= top_k:
+            break
+    return out
+
+
+def _explain(plan: Plan, pred: Prediction, idle: dict[str, int]) -> list[str]:
+    lines = [f"bottleneck: {pred.bottleneck}"]
+    for sp in pred.per_stage:
+        head = sp.memory_capacity_bytes - sp.memory_bytes
+        lines.append(f"pipeline {sp.pipeline} stage {sp.stage} ({sp.gpu}): memory headroom "
+                     f"{head / 2**30:.1f} GiB of {sp.memory_capacity_bytes / 2**30:.1f} GiB")
+    for gpu, n in sorted(idle.items()):
+        lines.append(f"idle: {n} x {gpu} - no plan that also uses them is faster under the cost model "
+                     "(they would lengthen gradient sync or could not take a balanced share of the batch)")
+    return lines
+
+
+def _raise_infeasible(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                      classes: list[ResourceClass], cost: CostModel, timed_out: bool) -> None:
+    if timed_out:
+        raise HetplanError("time_limit", "the time limit ran out before any plan was found; raise --time-limit")
+    from planner.costmodel import stage as st
+
+    need = model.params_count() * st.bytes_per_param(training.zero, 1)
+    pool = sum(st.memory_capacity_bytes(cost.knobs, rc.dev) * rc.gpus for rc in classes)
+    largest = max(st.memory_capacity_bytes(cost.knobs, rc.dev) for rc in classes)
+    raise InfeasibleError("model", f"{model.name} fits nowhere on this cluster: its model states alone need "
+                          f"{need / 2**30:.1f} GiB (before activations), the pool offers {pool / 2**30:.1f} GiB "
+                          f"in all and at most {largest / 2**30:.1f} GiB per GPU")

@@ -1,0 +1,79 @@
+"""Per-block-type cost arrays for the partition solver, built from the cost model's layer tables.
+
+For every shape of a block type and every layer range [i, j) this computes exactly what the
+evaluator will compute for a stage covering those layers: F+B with boundary receives, tail
+(exposed gradient sync + optimizer), fixed memory and activation memory per in-flight microbatch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costmodel import stage as st
+from planner.costmodel.base import CostModel, Shard
+from planner.search.space import ResourceClass, StageShape
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+from solvers.partition import StageOptions
+
+
+@dataclass(frozen=True, slots=True)
+class OptionContext:
+    model: ModelSpec
+    training: TrainingSpec
+    micro_batch: int
+    replicas_sync: int  # pipelines assumed when costing gradient sync (fewer = cheaper)
+    replicas_mem: int  # pipelines assumed when sharding optimizer states and steps (more = cheaper)
+    single_node: bool
+
+
+def _range_matrix(cum: np.ndarray) -> np.ndarray:
+    """M[i, j] = cum[j] - cum[i] (sum over layers i..j-1)."""
+    return cum[None, :] - cum[:, None]
+
+
+def _range_max(values: np.ndarray) -> np.ndarray:
+    n = len(values)
+    out = np.zeros((n + 1, n + 1))
+    for i in range(n):
+        out[i, i + 1:] = np.maximum.accumulate(values[i:])
+    return out
+
+
+def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
+                  ctx: OptionContext) -> StageOptions:
+    knobs = cost.knobs
+    n = ctx.model.num_layer_slots
+    shape3 = (len(shapes), n + 1, n + 1)
+    fb = np.full(shape3, math.inf)
+    tail = np.full(shape3, math.inf)
+    mem = np.full(shape3, math.inf)
+    act = np.full(shape3, math.inf)
+    i_idx, j_idx = np.triu_indices(n + 1, k=1)
+    not_first = (i_idx > 0).astype(float)
+    not_last = (j_idx < n).astype(float)
+    for o, shape in enumerate(shapes):
+        shard = Shard(shape.tp, shape.cp, shape.hp, ctx.micro_batch // shape.dp, shape.recompute,
+                      ctx.training.seq_len)
+        table = cost.layer_table(rc.dev, shard, ctx.model, ctx.training)
+        sums = st.StageSums.of(table)
+        recv = st.recv_s(knobs, rc.dev, table, ctx.single_node)
+        f = _range_matrix(sums.fwd_cum)[i_idx, j_idx] + recv * not_first
+        b = _range_matrix(sums.bwd_cum)[i_idx, j_idx] + recv * not_last
+        params = _range_matrix(sums.params_cum)[i_idx, j_idx]
+        copies_sync = ctx.replicas_sync * shape.dp
+        copies_mem = ctx.replicas_mem * shape.dp
+        uniq, inverse = np.unique(params, return_inverse=True)
+        sync_u = np.array([st.grad_sync_s(knobs, rc.dev, p, shape.group_size, copies_sync,
+                                          ctx.training.zero, ctx.single_node) for p in uniq])
+        opt_u = np.array([st.optimizer_s(knobs, rc.dev, p, ctx.training.zero, copies_mem) for p in uniq])
+        sync, opt = sync_u[inverse], opt_u[inverse]
+        fb[o, i_idx, j_idx] = f + b
+        tail[o, i_idx, j_idx] = np.maximum(0.0, sync - knobs.dp_overlap * b) + opt
+        states = params * st.bytes_per_param(ctx.training.zero, copies_mem)
+        mem[o, i_idx, j_idx] = states + _range_max(table.work_bytes)[i_idx, j_idx]
+        act[o, i_idx, j_idx] = _range_matrix(sums.act_cum)[i_idx, j_idx]
+    return StageOptions(fb, tail, mem, act, float(st.memory_capacity_bytes(knobs, rc.dev)))

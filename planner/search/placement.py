@@ -1,0 +1,64 @@
+"""From template counts to concrete GPUs: pack every stage group into nodes.
+
+Group sizes (tp*cp*hp) are powers of two dividing the node size, so largest-first, first-fit,
+aligned packing never fails while counts fit. Copies of the same stage are packed next to each
+other, so their gradient reduction runs over NVLink first (what the cost model assumes).
+"""
+
+from __future__ import annotations
+
+from planner.errors import HetplanError
+from planner.plan import Pipeline, Plan, Stage, compress_devices
+from planner.search.space import ResourceClass
+from planner.search.templates import Template
+from planner.specs.cluster import ClusterSpec
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+
+
+class _NodePool:
+    def __init__(self, cluster: ClusterSpec, rc: ResourceClass) -> None:
+        self.nodes = [n for n in cluster.node_list if n.group in rc.groups]
+        self.free = [[True] * n.gpus for n in self.nodes]
+
+    def take(self, size: int) -> list[tuple[str, int]]:
+        for node, free in zip(self.nodes, self.free):
+            for start in range(0, len(free) - size + 1, size):
+                if all(free[start:start + size]):
+                    for k in range(start, start + size):
+                        free[k] = False
+                    return [(node.name, k) for k in range(start, start + size)]
+        raise HetplanError("placement", f"no room for a group of {size} GPUs (internal packing error)")
+
+
+def build_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, classes: list[ResourceClass],
+               micro_batch: int, chosen: list[tuple[Template, tuple[int, ...]]]) -> Plan:
+    """`chosen`: (template, microbatches of each copy). Pipelines keep that order."""
+    pools = {rc.index: _NodePool(cluster, rc) for rc in classes}
+    # (-group size, template order, stage, pipeline, dp copy): largest groups first, then copies of
+    # the same stage of the same template next to each other.
+    requests: list[tuple[int, int, int, int, int]] = []
+    pipes: list[tuple[Template, int]] = []
+    for k, (template, copies) in enumerate(chosen):
+        for m in copies:
+            p = len(pipes)
+            pipes.append((template, m))
+            for s, ts in enumerate(template.stages):
+                for d in range(ts.shape.dp):
+                    requests.append((-ts.shape.group_size, k, s, p, d))
+    requests.sort()
+    got: dict[tuple[int, int, int], list[tuple[str, int]]] = {}
+    for neg_size, _, s, p, d in requests:
+        template = pipes[p][0]
+        got[(p, s, d)] = pools[template.stages[s].cls].take(-neg_size)
+    pipelines = []
+    for p, (template, m) in enumerate(pipes):
+        stages = []
+        for s, ts in enumerate(template.stages):
+            devs = [x for d in range(ts.shape.dp) for x in got[(p, s, d)]]
+            stages.append(Stage(layers=(ts.first, ts.last), gpu=classes[ts.cls].name,
+                                devices=compress_devices(devs), tp=ts.shape.tp, cp=ts.shape.cp,
+                                hp=ts.shape.hp, dp=ts.shape.dp, recompute=ts.shape.recompute))
+        pipelines.append(Pipeline(microbatches=m, stages=stages))
+    return Plan(model=model, training=training, micro_batch=micro_batch, schedule=training.schedule,
+                pipelines=pipelines)

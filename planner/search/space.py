@@ -1,0 +1,111 @@
+"""What the search may choose: device classes (interchangeable GPUs), stage shapes and block types.
+
+Nodes whose GPUs, node size and links are identical collapse into one device class, so the search
+works on GPU counts per class rather than GPU ids. A stage's tensor/context/head group is a power
+of two that divides the node size (so any mix of groups packs into nodes exactly); intra-stage data
+parallelism repeats that group `dp` times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.costmodel.base import DeviceClass, device_class_of
+from planner.specs.cluster import ClusterSpec
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceClass:
+    """All GPUs of one device class: `nodes` nodes of `dev.gpus_per_node` GPUs."""
+
+    index: int
+    dev: DeviceClass
+    nodes: int
+    groups: tuple[int, ...]  # indices into ClusterSpec.nodes that belong to this class
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.dev.gpus_per_node
+
+    @property
+    def name(self) -> str:
+        return self.dev.gpu.name
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class StageShape:
+    tp: int
+    cp: int
+    hp: int
+    dp: int
+    recompute: str
+
+    @property
+    def group_size(self) -> int:
+        return self.tp * self.cp * self.hp
+
+    @property
+    def gpus(self) -> int:
+        return self.group_size * self.dp
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BlockType:
+    """A stage device group: `gpus` GPUs of resource class `cls`; its shapes are the options."""
+
+    cls: int
+    gpus: int
+
+
+def resource_classes(cluster: ClusterSpec) -> list[ResourceClass]:
+    """Collapse node groups with identical device classes; order = first appearance in the file."""
+    by_key: dict[str, tuple[DeviceClass, int, list[int]]] = {}
+    for gi, group in enumerate(cluster.nodes):
+        dev = device_class_of(group)
+        if dev.key in by_key:
+            d, n, gs = by_key[dev.key]
+            by_key[dev.key] = (d, n + group.nodes, [*gs, gi])
+        else:
+            by_key[dev.key] = (dev, group.nodes, [gi])
+    return [ResourceClass(i, d, n, tuple(gs)) for i, (d, n, gs) in enumerate(by_key.values())]
+
+
+def _powers_of_two_upto(n: int) -> list[int]:
+    out, p = [], 1
+    while p <= n:
+        out.append(p)
+        p *= 2
+    return out
+
+
+def stage_shapes(model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
+                 micro_batch: int) -> list[StageShape]:
+    """Every legal shape on this class for this microbatch size, sorted."""
+    node = rc.dev.gpus_per_node
+    seq = training.seq_len
+    out = []
+    for tp in _powers_of_two_upto(min(training.max_tp, node)):
+        if model.kv_heads % tp or model.ffn_hidden % tp or model.num_heads % tp:
+            continue
+        for cp in _powers_of_two_upto(min(training.max_cp, node // tp)):
+            for hp in _powers_of_two_upto(min(training.max_hp, node // (tp * cp))):
+                group = tp * cp * hp
+                if node % group or model.num_heads % (tp * hp) or seq % (cp * hp):
+                    continue
+                for dp in range(1, training.max_stage_dp + 1):
+                    if micro_batch % dp or group * dp > rc.gpus:
+                        continue
+                    for rc_mode in training.recompute:
+                        out.append(StageShape(tp, cp, hp, dp, rc_mode))
+    return sorted(out)
+
+
+def block_types(shapes_by_class: dict[int, list[StageShape]]) -> dict[BlockType, list[StageShape]]:
+    """Group shapes by (class, GPU count): the DP picks the best shape per stage of a block."""
+    out: dict[BlockType, list[StageShape]] = {}
+    for cls, shapes in sorted(shapes_by_class.items()):
+        for shape in shapes:
+            out.setdefault(BlockType(cls, shape.gpus), []).append(shape)
+    return dict(sorted(out.items()))

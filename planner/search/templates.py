@@ -1,0 +1,153 @@
+"""Pipeline templates: an ordered sequence of stage device groups with an exact layer split.
+
+A skeleton is the ordered list of block types (class, GPUs) of one pipeline. For each skeleton the
+partition solver returns every non-dominated (A, C, E) split, where the pipeline time with m
+microbatches is A + (m - 1)·C and E is its tail; each becomes a template. Skeletons are enumerated
+completely when that is small ("exact" coverage: every ordered sequence of groups), otherwise as
+sequences of at most `max_blocks` runs of identical groups ("blocks" coverage).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.search.space import BlockType, StageShape
+from solvers.partition import StageOptions, split_frontier
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateStage:
+    cls: int
+    shape: StageShape
+    first: int
+    last: int
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    usage: tuple[int, ...]  # GPUs of each resource class
+    a_s: float  # sum over stages of F+B per microbatch
+    c_s: float  # bottleneck F+B
+    e_s: float  # tail: exposed gradient sync + optimizer
+    max_microbatches: int | None  # memory holds only up to this many microbatches (None: any)
+    stages: tuple[TemplateStage, ...]
+
+    def time_s(self, microbatches: int) -> float:
+        return self.a_s + (microbatches - 1) * self.c_s
+
+
+def count_sequences(types: list[BlockType], avail: tuple[int, ...], max_len: int, limit: int) -> int:
+    """Ordered sequences of block types within the GPU counts, counted up to `limit`."""
+    total = 0
+
+    def walk(used: list[int], depth: int) -> None:
+        nonlocal total
+        if total > limit or depth == max_len:
+            return
+        for bt in types:
+            if used[bt.cls] + bt.gpus <= avail[bt.cls]:
+                used[bt.cls] += bt.gpus
+                total += 1
+                walk(used, depth + 1)
+                used[bt.cls] -= bt.gpus
+
+    walk([0] * len(avail), 0)
+    return total
+
+
+def exact_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int) -> list[tuple[BlockType, ...]]:
+    out: list[tuple[BlockType, ...]] = []
+
+    def walk(prefix: list[BlockType], used: list[int]) -> None:
+        if prefix:
+            out.append(tuple(prefix))
+        if len(prefix) == max_len:
+            return
+        for bt in types:
+            if used[bt.cls] + bt.gpus <= avail[bt.cls]:
+                used[bt.cls] += bt.gpus
+                prefix.append(bt)
+                walk(prefix, used)
+                prefix.pop()
+                used[bt.cls] -= bt.gpus
+
+    walk([], [0] * len(avail))
+    return out
+
+
+def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int,
+                    max_blocks: int) -> list[tuple[BlockType, ...]]:
+    """Sequences of at most `max_blocks` runs, each run `count` copies of one block type."""
+    out: list[tuple[BlockType, ...]] = []
+
+    def walk(prefix: list[BlockType], used: list[int], blocks: int, last: BlockType | None) -> None:
+        if blocks == max_blocks:
+            return
+        for bt in types:
+            if bt == last:
+                continue
+            for count in itertools.count(1):
+                if len(prefix) + count > max_len or used[bt.cls] + count * bt.gpus > avail[bt.cls]:
+                    break
+                run = [bt] * count
+                used[bt.cls] += count * bt.gpus
+                out.append(tuple(prefix + run))
+                walk(prefix + run, used, blocks + 1, bt)
+                used[bt.cls] -= count * bt.gpus
+
+    walk([], [0] * len(avail), 0, None)
+    return out
+
+
+def _memory_binds(positions: list[StageOptions]) -> bool:
+    """True when some stage's feasibility depends on how many microbatches are in flight."""
+    s = len(positions)
+    for k, p in enumerate(positions):
+        full = p.mem_fixed + (s - k) * p.act <= p.capacity
+        one = p.mem_fixed + p.act <= p.capacity
+        if not np.array_equal(full, one):
+            return True
+    return False
+
+
+def skeleton_templates(skeleton: tuple[BlockType, ...], options: dict[BlockType, StageOptions],
+                       shapes: dict[BlockType, list[StageShape]], num_classes: int) -> list[Template]:
+    """Every non-dominated template of one skeleton, including variants that only fit memory when
+    the pipeline runs fewer microbatches than it has stages."""
+    positions = [options[bt] for bt in skeleton]
+    usage = [0] * num_classes
+    for bt in skeleton:
+        usage[bt.cls] += bt.gpus
+    caps: list[int | None] = [None]
+    if len(skeleton) > 1 and _memory_binds(positions):
+        caps += list(range(1, len(skeleton)))
+    out = []
+    for cap in caps:
+        for split in split_frontier(positions, cap):
+            stages = tuple(TemplateStage(bt.cls, shapes[bt][o], first, last)
+                           for bt, o, (first, last) in zip(skeleton, split.options, split.ranges))
+            out.append(Template(tuple(usage), split.a_s, split.c_s, split.e_s, cap, stages))
+    return out
+
+
+def prune_templates(templates: list[Template]) -> list[Template]:
+    """Drop templates dominated by another of equal or smaller GPU usage (never changes the optimum)."""
+    def key(t: Template) -> tuple:
+        return (sum(t.usage), t.usage, t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9))
+
+    ordered = sorted(templates, key=key)
+    keep: list[Template] = []
+    for t in ordered:
+        tm = t.max_microbatches or 10**9
+        dominated = False
+        for k in keep:
+            if (k.a_s <= t.a_s and k.c_s <= t.c_s and k.e_s <= t.e_s and (k.max_microbatches or 10**9) >= tm
+                    and all(a <= b for a, b in zip(k.usage, t.usage))):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(t)
+    return keep

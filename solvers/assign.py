@@ -1,0 +1,277 @@
+"""How many copies of each pipeline template to run, and how many microbatches each copy gets.
+
+Plain data in: per template its pipeline time A + (m-1)·C for m microbatches, tail E, memory cap on
+m, GPU usage per class; GPU counts per class, total microbatches M and a range for the number of
+pipelines R. Minimises  max over copies (A + (m-1)·C) + max over used templates E.
+
+Method (exact): for each candidate tail cap e (the distinct E values, ascending, stopping once e
+plus the unrestricted least pipeline time cannot win), search the least pipeline time T. At a given T a copy of template t can take at most
+cap_t(T) = min(max_m, floor((T - A)/C) + 1) microbatches; T is feasible iff an integer program
+(CP-SAT by default, or PuLP with CBC/HiGHS) finds copy counts within the GPU counts and R range
+whose capacities reach M (capacity bounds and a greedy answer settle most checks without it).
+T is bisected to 0.1 %, then lowered breakpoint by breakpoint until a T just below is infeasible,
+so the answer is the exact optimum, not a tolerance. Microbatches are then dealt out by water-filling, which is exactly
+min-max optimal for the chosen copies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+BIG_M = 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class AssignProblem:
+    a_s: np.ndarray  # (T,)
+    c_s: np.ndarray  # (T,)
+    e_s: np.ndarray  # (T,)
+    max_microbatches: np.ndarray  # (T,) int, BIG_M = unlimited
+    usage: np.ndarray  # (T, K) GPUs per class
+    avail: np.ndarray  # (K,)
+    microbatches: int  # M
+    replicas: tuple[int, int]  # inclusive range for the number of pipelines
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    counts: tuple[int, ...]  # copies of each template
+    microbatches: tuple[tuple[int, ...], ...]  # per template, microbatches of each copy
+    pipe_s: float
+    tail_s: float
+
+    @property
+    def objective_s(self) -> float:
+        return self.pipe_s + self.tail_s
+
+
+@dataclass
+class SolverStats:
+    feasibility_checks: int = 0
+    ilp_solves: int = 0
+    timed_out: bool = False
+
+
+def _caps(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        k = np.floor((t - p.a_s) / p.c_s + 1e-12) + 1
+    k = np.where(t + 1e-15 >= p.a_s, k, 0)
+    k = np.minimum(k, p.max_microbatches)
+    k = np.minimum(k, p.microbatches)
+    return np.where(allowed, k, 0).astype(np.int64)
+
+
+def _ub_counts(p: AssignProblem) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        per_class = np.where(p.usage > 0, p.avail[None, :] // np.maximum(p.usage, 1), BIG_M)
+    return np.minimum(per_class.min(axis=1), p.replicas[1])
+
+
+def _feasible_cpsat(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, time_limit_s: float | None,
+                    stats: SolverStats) -> np.ndarray | None:
+    from ortools.sat.python import cp_model
+
+    idx = [i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0]
+    if not idx:
+        return None
+    if int(sum(int(caps[i]) * int(ub[i]) for i in idx)) < p.microbatches:
+        return None
+    model = cp_model.CpModel()
+    n = {i: model.NewIntVar(0, int(ub[i]), f"copies_{i}") for i in idx}
+    for k in range(p.usage.shape[1]):
+        terms = [int(p.usage[i, k]) * n[i] for i in idx if p.usage[i, k]]
+        if terms:
+            model.Add(sum(terms) <= int(p.avail[k]))
+    total = sum(n.values())
+    model.Add(total >= p.replicas[0])
+    model.Add(total <= min(p.replicas[1], p.microbatches))
+    model.Add(sum(int(caps[i]) * n[i] for i in idx) >= p.microbatches)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    if time_limit_s is not None:
+        solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    stats.ilp_solves += 1
+    status = solver.Solve(model)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        out = np.zeros(len(caps), dtype=np.int64)
+        for i in idx:
+            out[i] = solver.Value(n[i])
+        return out
+    if status == cp_model.UNKNOWN:
+        stats.timed_out = True
+    return None
+
+
+def _feasible_pulp(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, time_limit_s: float | None,
+                   stats: SolverStats, solver_name: str) -> np.ndarray | None:
+    import pulp
+
+    idx = [i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0]
+    if not idx or int(sum(int(caps[i]) * int(ub[i]) for i in idx)) < p.microbatches:
+        return None
+    prob = pulp.LpProblem("copies", pulp.LpMaximize)
+    n = {i: pulp.LpVariable(f"copies_{i}", 0, int(ub[i]), cat="Integer") for i in idx}
+    prob += pulp.lpSum(int(caps[i]) * n[i] for i in idx)
+    for k in range(p.usage.shape[1]):
+        terms = [int(p.usage[i, k]) * n[i] for i in idx if p.usage[i, k]]
+        if terms:
+            prob += pulp.lpSum(terms) <= int(p.avail[k])
+    prob += pulp.lpSum(n.values()) >= p.replicas[0]
+    prob += pulp.lpSum(n.values()) <= min(p.replicas[1], p.microbatches)
+    kwargs = {"msg": False}
+    if time_limit_s is not None:
+        kwargs["timeLimit"] = max(1, int(math.ceil(time_limit_s)))
+    backend = pulp.HiGHS(**kwargs) if solver_name == "highs" else pulp.PULP_CBC_CMD(**kwargs)
+    stats.ilp_solves += 1
+    prob.solve(backend)
+    # sol_status, not only status: after a time limit CBC can report "Optimal" for a poor answer.
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        if prob.sol_status == pulp.LpSolutionNoSolutionFound:
+            stats.timed_out = True
+        return None
+    out = np.zeros(len(caps), dtype=np.int64)
+    for i in idx:
+        out[i] = int(round(n[i].value() or 0))
+    if int(np.dot(out, caps)) < p.microbatches:
+        return None
+    return out
+
+
+def _deal(p: AssignProblem, counts: np.ndarray, caps: np.ndarray) -> tuple[tuple[tuple[int, ...], ...], float]:
+    """Water-filling: every copy starts with one microbatch; each next one goes to the copy whose
+    time grows least. Returns microbatches per copy and the resulting max pipeline time."""
+    heap: list[tuple[float, int, int]] = []
+    mbs: dict[tuple[int, int], int] = {}
+    for t in np.flatnonzero(counts):
+        for r in range(int(counts[t])):
+            mbs[(int(t), r)] = 1
+            if caps[t] > 1:
+                heapq.heappush(heap, (float(p.a_s[t] + p.c_s[t]), int(t), r))
+    left = p.microbatches - len(mbs)
+    while left > 0:
+        _, t, r = heapq.heappop(heap)
+        mbs[(t, r)] += 1
+        left -= 1
+        m = mbs[(t, r)]
+        if m < caps[t]:
+            heapq.heappush(heap, (float(p.a_s[t] + m * p.c_s[t]), t, r))
+    per_t = tuple(tuple(mbs[(t, r)] for r in range(int(counts[t]))) for t in range(len(counts)))
+    pipe = max(p.a_s[t] + (m - 1) * p.c_s[t] for (t, _), m in mbs.items())
+    return per_t, float(pipe)
+
+
+def _greedy(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> np.ndarray | None:
+    """A quick feasible answer: templates by capacity per GPU, as many copies as fit."""
+    gpus = p.usage.sum(axis=1)
+    order = sorted((i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0),
+                   key=lambda i: (-caps[i] / gpus[i], gpus[i], i))
+    left = p.avail.copy()
+    counts = np.zeros(len(caps), dtype=np.int64)
+    total_cap, copies = 0, 0
+    limit = min(p.replicas[1], p.microbatches)
+    for i in order:
+        while copies < limit and total_cap < p.microbatches and counts[i] < ub[i] and np.all(p.usage[i] <= left):
+            left -= p.usage[i]
+            counts[i] += 1
+            copies += 1
+            total_cap += int(caps[i])
+    if total_cap >= p.microbatches and copies >= p.replicas[0]:
+        return counts
+    return None
+
+
+def _surely_infeasible(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> bool:
+    """Capacity bounds: per GPU (charging each copy's microbatches to its GPUs) and per copy."""
+    live = (caps > 0) & (ub > 0)
+    if not live.any():
+        return True
+    gpus = p.usage.sum(axis=1)
+    per_gpu = float(np.max(caps[live] / gpus[live])) * float(p.avail.sum())
+    per_copy = int(np.max(caps[live])) * min(p.replicas[1], p.microbatches)
+    return min(per_gpu, per_copy) < p.microbatches
+
+
+def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s: float | None,
+              stats: SolverStats, lower: float, upper: float | None) -> tuple[float, np.ndarray, np.ndarray] | None:
+    """Least pipeline time using only `allowed` templates, exactly: bisection to 0.1 %, then step
+    down breakpoint by breakpoint (a T just below the current optimum must be infeasible)."""
+    ub = _ub_counts(p)
+
+    def check(t: float) -> np.ndarray | None:
+        stats.feasibility_checks += 1
+        caps = _caps(p, allowed, t)
+        if _surely_infeasible(p, caps, ub):
+            return None
+        quick = _greedy(p, caps, ub)
+        if quick is not None:
+            return quick
+        if backend == "cpsat":
+            return _feasible_cpsat(p, caps, ub, time_limit_s, stats)
+        return _feasible_pulp(p, caps, ub, time_limit_s, stats, backend)
+
+    if not allowed.any():
+        return None
+    lo = max(lower, float(np.min(p.a_s[allowed])))
+    hi = upper if upper is not None and upper >= lo else lo
+    found = check(hi)
+    span = float(np.max(p.a_s[allowed]) + p.microbatches * np.max(p.c_s[allowed]))
+    while found is None:
+        if hi > span * 2:
+            return None
+        lo = hi
+        hi = hi * 2 if hi > 0 else 1e-6
+        found = check(hi)
+    while hi - lo > 1e-3 * hi:
+        mid = (lo + hi) / 2
+        sol = check(mid)
+        if sol is None:
+            lo = mid
+        else:
+            hi, found = mid, sol
+    caps = _caps(p, allowed, hi)
+    _, t_now = _deal(p, found, caps)
+    while True:
+        t_try = float(np.nextafter(t_now, -np.inf))
+        sol = check(t_try)
+        if sol is None:
+            break
+        caps_try = _caps(p, allowed, t_try)
+        _, t_new = _deal(p, sol, caps_try)
+        if t_new >= t_now:
+            break
+        found, caps, t_now = sol, caps_try, t_new
+    return t_now, found, caps
+
+
+def solve_assignment(p: AssignProblem, backend: str = "cpsat",
+                     time_limit_s: float | None = None,
+                     stats: SolverStats | None = None) -> Assignment | None:
+    """Optimal copies and microbatch counts (see module docstring), or None if infeasible."""
+    stats = stats or SolverStats()
+    every = np.ones(len(p.a_s), dtype=bool)
+    base = _min_time(p, every, backend, time_limit_s, stats, 0.0, None)
+    if base is None:
+        return None
+    t_bound = base[0]
+    best: Assignment | None = None
+    upper = None
+    for e in np.unique(p.e_s):
+        if best is not None and e + t_bound >= best.objective_s:
+            break
+        allowed = p.e_s <= e
+        res = _min_time(p, allowed, backend, time_limit_s, stats, t_bound, upper)
+        if res is None:
+            continue
+        t, counts, caps = res
+        upper = t
+        per_t, pipe = _deal(p, counts, caps)
+        tail = float(np.max(p.e_s[counts > 0]))
+        cand = Assignment(tuple(int(x) for x in counts), per_t, pipe, tail)
+        if best is None or cand.objective_s < best.objective_s - 1e-15:
+            best = cand
+    return best

@@ -1,0 +1,151 @@
+"""Exact contiguous layer -> stage partition for a fixed sequence of stage device groups.
+
+Input is plain arrays: for every stage position a `StageOptions` table over (option, first layer i,
+end layer j) — option = one way to run that group (tp/cp/hp/dp/recompute) — holding the stage's
+per-microbatch F+B, its tail (exposed gradient sync + optimizer), and its memory split into a fixed
+part and a part per in-flight microbatch.
+
+For caps (c on F+B, e on tail) a dynamic program over (position, first layer) finds the split with
+the least sum of F+B (= A, the pipeline's fill-and-drain time) among those meeting both caps and
+memory at every position (1F1B holds min(S - s, q) microbatches at stage s). Enumerating caps
+parametrically (tighten c just below the achieved bottleneck until infeasible, then tighten e the
+same way) yields every non-dominated (A, C, E) triple, so for any microbatch count m the pipeline
+time A + (m - 1)·C and its tail E are minimised exactly over all splits and options.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+INF = math.inf
+
+
+@dataclass(frozen=True, eq=False)
+class StageOptions:
+    """Costs of one stage device group over options o and layer ranges [i, j), shape (O, L+1, L+1).
+
+    Entries with j <= i are +inf in `fb`. `mem_fixed` + f·`act` must stay <= `capacity` bytes when the
+    stage holds f microbatches."""
+
+    fb: np.ndarray
+    tail: np.ndarray
+    mem_fixed: np.ndarray
+    act: np.ndarray
+    capacity: float
+
+    @property
+    def num_layers(self) -> int:
+        return self.fb.shape[1] - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """One partition: stage s covers layers ranges[s] = (first, last) and runs option options[s]."""
+
+    ranges: tuple[tuple[int, int], ...]
+    options: tuple[int, ...]
+    fb: tuple[float, ...]
+    tails: tuple[float, ...]
+
+    @property
+    def a_s(self) -> float:
+        return float(sum(self.fb))
+
+    @property
+    def c_s(self) -> float:
+        return float(max(self.fb))
+
+    @property
+    def e_s(self) -> float:
+        return float(max(self.tails))
+
+
+def _cost_matrix(opts: StageOptions, in_flight: int, c: float, e: float) -> tuple[np.ndarray, np.ndarray]:
+    """Least F+B over feasible options for each (i, j), and which option achieves it."""
+    ok = (opts.fb <= c) & (opts.tail <= e) & (opts.mem_fixed + in_flight * opts.act <= opts.capacity)
+    cost = np.where(ok, opts.fb, INF)
+    best = np.argmin(cost, axis=0)
+    return np.take_along_axis(cost, best[None], axis=0)[0], best
+
+
+def best_split(positions: list[StageOptions], c: float = INF, e: float = INF,
+               max_in_flight: int | None = None) -> Split | None:
+    """The split with least A under caps c (F+B) and e (tail); None when none meets them.
+
+    `max_in_flight` caps the microbatches a stage holds (a pipeline run with m < S microbatches)."""
+    num_stages = len(positions)
+    n = positions[0].num_layers
+    if num_stages > n:
+        return None
+    value = np.full(n + 1, INF)
+    value[n] = 0.0
+    choice: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for s in range(num_stages - 1, -1, -1):
+        flight = num_stages - s if max_in_flight is None else min(num_stages - s, max_in_flight)
+        cost, opt = _cost_matrix(positions[s], flight, c, e)
+        total = cost + value[None, :]
+        nxt = np.argmin(total, axis=1)
+        value = total[np.arange(n + 1), nxt]
+        choice.append((nxt, opt, cost))
+    if not math.isfinite(value[0]):
+        return None
+    choice.reverse()
+    ranges, options, fbs, tails = [], [], [], []
+    i = 0
+    for s, (nxt, opt, cost) in enumerate(choice):
+        j = int(nxt[i])
+        o = int(opt[i, j])
+        ranges.append((i, j - 1))
+        options.append(o)
+        fbs.append(float(positions[s].fb[o, i, j]))
+        tails.append(float(positions[s].tail[o, i, j]))
+        i = j
+    return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
+
+
+def _below(x: float) -> float:
+    return float(np.nextafter(x, -INF))
+
+
+def split_frontier(positions: list[StageOptions], max_in_flight: int | None = None,
+                   max_points: int = 10_000) -> list[Split]:
+    """Every non-dominated (A, C, E) split, sorted by (C, E, A).
+
+    Proof sketch: at tail cap e the inner loop lists, for each bottleneck cap, the least A with
+    C <= cap and E <= e (each DP is exact). Caps of e are the maxima of the previous level minus one
+    ulp, so for every non-dominated p the last level with e >= E_p holds only points with E <= E_p,
+    and p (or a point dominating it) appears there."""
+    found: list[Split] = []
+    e = INF
+    while len(found) < max_points:
+        level: list[Split] = []
+        c = INF
+        while True:
+            sol = best_split(positions, c, e, max_in_flight)
+            if sol is None:
+                break
+            level.append(sol)
+            c = _below(sol.c_s)
+        if not level:
+            break
+        found.extend(level)
+        e = _below(max(p.e_s for p in level))
+    return pareto(found)
+
+
+def pareto(points: list[Split]) -> list[Split]:
+    """Drop splits dominated in (A, C, E); keep one of equal triples; deterministic order."""
+    uniq: dict[tuple[float, float, float], Split] = {}
+    for p in points:
+        uniq.setdefault((p.a_s, p.c_s, p.e_s), p)
+    keys = sorted(uniq)
+    keep = []
+    for k in keys:
+        dominated = any(o[0] <= k[0] and o[1] <= k[1] and o[2] <= k[2] and o != k for o in keys)
+        if not dominated:
+            keep.append(uniq[k])
+    keep.sort(key=lambda p: (p.c_s, p.e_s, p.a_s))
+    return keep

@@ -1,0 +1,80 @@
+"""The exact partition DP against brute force over every split and option choice."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from solvers.partition import StageOptions, best_split, pareto, split_frontier, Split
+
+
+def _random_options(rng: np.random.Generator, n: int, num_opts: int, capacity: float) -> StageOptions:
+    per_layer = rng.uniform(1, 5, size=(num_opts, n))
+    per_tail = rng.uniform(0.1, 2, size=(num_opts, n))
+    per_mem = rng.uniform(1, 3, size=(num_opts, n))
+    per_act = rng.uniform(0.5, 2, size=(num_opts, n))
+    recv = rng.uniform(0, 0.5, size=num_opts)
+    shape = (num_opts, n + 1, n + 1)
+    fb, tail, mem, act = (np.full(shape, math.inf) for _ in range(4))
+    for o in range(num_opts):
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                fb[o, i, j] = per_layer[o, i:j].sum() + recv[o] * ((i > 0) + (j < n))
+                tail[o, i, j] = per_tail[o, i:j].sum()
+                mem[o, i, j] = per_mem[o, i:j].sum()
+                act[o, i, j] = per_act[o, i:j].sum()
+    return StageOptions(fb, tail, mem, act, capacity)
+
+
+def _all_splits(positions: list[StageOptions], max_in_flight: int | None) -> list[Split]:
+    n = positions[0].num_layers
+    s = len(positions)
+    out = []
+    for cuts in itertools.combinations(range(1, n), s - 1):
+        bounds = (0, *cuts, n)
+        for opts in itertools.product(*(range(p.fb.shape[0]) for p in positions)):
+            ok, fbs, tails = True, [], []
+            for k, p in enumerate(positions):
+                i, j, o = bounds[k], bounds[k + 1], opts[k]
+                flight = s - k if max_in_flight is None else min(s - k, max_in_flight)
+                if p.mem_fixed[o, i, j] + flight * p.act[o, i, j] > p.capacity:
+                    ok = False
+                    break
+                fbs.append(float(p.fb[o, i, j]))
+                tails.append(float(p.tail[o, i, j]))
+            if ok:
+                out.append(Split(tuple((bounds[k], bounds[k + 1] - 1) for k in range(s)), opts,
+                                 tuple(fbs), tuple(tails)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_frontier_matches_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 7))
+    stages = int(rng.integers(1, min(n, 4) + 1))
+    kinds = [_random_options(rng, n, int(rng.integers(1, 3)), float(rng.uniform(8, 25))) for _ in range(2)]
+    positions = [kinds[int(rng.integers(0, 2))] for _ in range(stages)]
+    flight = None if seed % 3 else 1
+    brute = pareto(_all_splits(positions, flight))
+    ours = split_frontier(positions, flight)
+    key = lambda p: (round(p.a_s, 9), round(p.c_s, 9), round(p.e_s, 9))
+    assert sorted(map(key, ours)) == sorted(map(key, brute)), f"frontier differs for seed {seed}"
+    # and every objective A + (m-1) C + E is minimised exactly
+    for m in (1, 2, 5, 50):
+        best_brute = min((p.a_s + (m - 1) * p.c_s + p.e_s for p in brute), default=None)
+        best_ours = min((p.a_s + (m - 1) * p.c_s + p.e_s for p in ours), default=None)
+        assert best_brute == pytest.approx(best_ours) if best_brute is not None else best_ours is None
+
+
+def test_best_split_respects_caps() -> None:
+    rng = np.random.default_rng(7)
+    opts = _random_options(rng, 6, 2, 100.0)
+    free = best_split([opts] * 3)
+    assert free is not None
+    capped = best_split([opts] * 3, c=free.c_s * 0.999999)
+    if capped is not None:
+        assert capped.c_s < free.c_s and capped.a_s >= free.a_s - 1e-12
