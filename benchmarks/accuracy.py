@@ -100,6 +100,7 @@ def print_summary(scored: list[tuple[Measurement, float, bool]], markdown: bool,
 
 # -- Sailor per-layer profiles -------------------------------------------------------------------------
 SAILOR_MODELS = {"OPT-350": "opt-350m", "GPT-Neo-2.7": "gpt-neo-2.7b", "OPT-30": "opt-30b", "LLAMA-3-8": "llama3-8b"}
+SAME_SILICON = {"V100-SXM2-16GB": ("V100-SXM2-32GB",)}  # profiled type -> catalog types with the same chip
 SAILOR_GPU_BOUNDS = {"gemm_eff_max": (0.05, 1.0), "attn_eff_max": (0.02, 1.0), "mem_eff": (0.1, 1.0)}
 
 
@@ -139,39 +140,62 @@ def _sailor_pred(gpu: str, knobs: Knobs, model, mb: int) -> float:
     return float(table.fwd_s[1] + table.bwd_s[1])
 
 
-def fit_sailor(root: Path, knobs: Knobs, skip: tuple[str, ...] = ()) -> Knobs:
-    """Per-GPU gemm/attn/mem efficiencies from Sailor's measured decoder layers (tp 1, fp16, naive attention,
-    as the activation sizes in llm_info.json show the score matrix is stored). Points more than 2.5x off the
-    GPU's median ratio are left out as suspect (the README warns about LLAMA-3-8 on A100-40)."""
+def fit_sailor(root: Path, knobs: Knobs, reference: str = "A100-SXM4-80GB") -> Knobs:
+    """Per-GPU efficiencies from Sailor's measured decoder layers (tp 1, fp16, naive attention: the sizes in
+    llm_info.json show the score matrix is stored).
+
+    Sailor's stack reaches far less of the peak than Megatron does, so absolute efficiencies do not transfer.
+    Instead gemm/attn/mem efficiencies are fitted for the reference GPU (A100-80, also calibrated on step times),
+    then one speed factor r per other GPU type (same stack, same models), and the shipped efficiencies are the
+    reference's step-time ones times r. Points more than 2.5x off a GPU's median ratio are left out as suspect
+    (the data README warns about LLAMA-3-8 on A100-40)."""
     from planner.calibrate import golden_section, set_knob
 
     if not root.is_dir():
         raise SystemExit(f"no Sailor profiles at {root}")
-    print(f"{'GPU':16} {'points':>6} {'MAPE before':>11} {'after':>7}  gemm  attn  mem   (left out)")
-    for gpu, pts in sorted(sailor_points(root).items()):
-        if gpu in skip:
+    points = sailor_points(root)
+    if reference not in points:
+        raise SystemExit(f"Sailor profiles lack the reference GPU {reference}")
+    ref_k = knobs.for_gpu(reference)
+    # 1. the reference GPU's efficiencies inside Sailor's stack
+    ref = points[reference]
+
+    def loss(k: Knobs, gpu: str, pts) -> float:
+        return sum(math.log(_sailor_pred(gpu, k, m, mb) / t) ** 2 for m, mb, t in pts) / len(pts)
+
+    sk = Knobs()
+    for _ in range(3):
+        for leaf, (lo, hi) in SAILOR_GPU_BOUNDS.items():
+            path = f"gpu.{reference}.{leaf}"
+            x0 = getattr(sk.for_gpu(reference), leaf)
+            x, _ = golden_section(lambda v, p=path: loss(set_knob(sk, p, v), reference, ref), lo, hi, x0, 20)
+            sk = set_knob(sk, path, float(f"{x:.4g}"))
+    base = sk.for_gpu(reference)
+    print(f"Sailor stack on {reference}: gemm {base.gemm_eff_max:.2f} attn {base.attn_eff_max:.2f} "
+          f"mem {base.mem_eff:.2f} (step-time calibration: gemm {ref_k.gemm_eff_max:.2f} attn "
+          f"{ref_k.attn_eff_max:.2f} mem {ref_k.mem_eff:.2f})")
+    print(f"{'GPU':16} {'points':>6} {'speed r':>7} {'MAPE':>6}  shipped gemm/attn/mem   (left out)")
+
+    def scaled(k: Knobs, gpu: str, g, r: float) -> Knobs:
+        entry = {f: min(0.95, r * getattr(g, f)) for f in SAILOR_GPU_BOUNDS}
+        return k.model_copy(update={"gpu": {**k.gpu, gpu: g.model_copy(update=entry)}})
+
+    for gpu, pts in sorted(points.items()):
+        if gpu == reference:
             continue
-        ratios = sorted(t / _sailor_pred(gpu, knobs, m, mb) for m, mb, t in pts)
+        ratios = sorted(t / _sailor_pred(gpu, scaled(sk, gpu, base, 1.0), m, mb) for m, mb, t in pts)
         med = ratios[len(ratios) // 2]
-        keep = [(m, mb, t) for m, mb, t in pts if 1 / 2.5 < t / _sailor_pred(gpu, knobs, m, mb) / med < 2.5]
+        keep = [(m, mb, t) for m, mb, t in pts
+                if 1 / 2.5 < t / _sailor_pred(gpu, scaled(sk, gpu, base, 1.0), m, mb) / med < 2.5]
         dropped = sorted({m.name for m, mb, t in pts if (m, mb, t) not in keep})
-
-        def loss(k: Knobs, keep=keep, gpu=gpu) -> float:
-            return sum(math.log(_sailor_pred(gpu, k, m, mb) / t) ** 2 for m, mb, t in keep) / len(keep)
-
-        def mape(k: Knobs, keep=keep, gpu=gpu) -> float:
-            return _mape([_sailor_pred(gpu, k, m, mb) / t - 1 for m, mb, t in keep])
-
-        before = mape(knobs)
-        for _ in range(3):
-            for leaf, (lo, hi) in SAILOR_GPU_BOUNDS.items():
-                path = f"gpu.{gpu}.{leaf}"
-                x0 = getattr(knobs.for_gpu(gpu), leaf)
-                x, _ = golden_section(lambda v, p=path: loss(set_knob(knobs, p, v)), lo, hi, x0, 20)
-                knobs = set_knob(knobs, path, float(f"{x:.4g}"))
+        r, _ = golden_section(lambda v: loss(scaled(sk, gpu, base, v), gpu, keep), 0.05, 3.0, 1.0, 30)
+        err = _mape([_sailor_pred(gpu, scaled(sk, gpu, base, r), m, mb) / t - 1 for m, mb, t in keep])
+        knobs = scaled(knobs, gpu, ref_k, float(f"{r:.4g}"))
+        for twin in SAME_SILICON.get(gpu, ()):
+            knobs = knobs.model_copy(update={"gpu": {**knobs.gpu, twin: knobs.for_gpu(gpu)}})
         g = knobs.for_gpu(gpu)
-        print(f"{gpu:16} {len(keep):6d} {before:10.1f}% {mape(knobs):6.1f}%  {g.gemm_eff_max:.2f}  "
-              f"{g.attn_eff_max:.2f}  {g.mem_eff:.2f}  {', '.join(dropped)}")
+        print(f"{gpu:16} {len(keep):6d} {r:7.2f} {err:5.1f}%  {g.gemm_eff_max:.3f} / {g.attn_eff_max:.3f} / "
+              f"{g.mem_eff:.3f}   {', '.join(dropped)}")
     return knobs
 
 
@@ -188,15 +212,6 @@ def main(argv: list[str] | None = None) -> int:
 
     ms, skipped = load_measurements(args.csv)
     knobs = Knobs() if args.builtin else load_knobs(args.knobs) if args.knobs else default_knobs()
-    if args.fit_sailor:
-        # GPU types with measured step times keep the step-time fit (A100-80 is shown for comparison only)
-        shown = fit_sailor(SAILOR, knobs, skip=())
-        keep_types = {m.gpu for m in ms}
-        for gpu, entry in shown.gpu.items():
-            if gpu not in keep_types:
-                knobs = knobs.model_copy(update={"gpu": {**knobs.gpu, gpu: entry}})
-        write_knobs(knobs, args.out)
-        print(f"wrote {args.out}")
     if args.fit:
         before = score(ms, knobs)
         print_summary(before, args.markdown, "before the fit:")
@@ -204,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nfitting {', '.join(FIT)} on {len(usable)} non-interleaved rows "
               f"(msle before {msle(usable, knobs):.4f}) ...", flush=True)
         knobs = fit_knobs(usable, knobs, FIT)
-        print(f"msle after {msle(usable, knobs):.4f}")
+        print(f"msle after {msle(usable, knobs):.4f}\n")
+    if args.fit_sailor:  # after the step-time fit: Sailor speeds are relative to the fitted A100-80
+        knobs = fit_sailor(SAILOR, knobs)
+    if args.fit or args.fit_sailor:
         write_knobs(knobs, args.out)
         print(f"wrote {args.out}\n")
     scored = score(ms, knobs)

@@ -57,8 +57,8 @@ def stage_memory_report(plan: Plan, cluster: ClusterSpec,
         n = len(pipe.stages)
         for si, (stage, sc) in enumerate(zip(pipe.stages, costs)):
             flight = st.in_flight(plan.schedule, n, si, pipe.microbatches)
-            need = st.stage_memory_bytes(sc.table, sc.sums, sc.first, sc.last, flight,
-                                         plan.training.zero, replicas * stage.dp)
+            need = st.stage_memory_bytes(sc.table, sc.sums, sc.first, sc.last, flight, plan.training.zero,
+                                         st.weight_copies(replicas, stage.dp, stage.cp, stage.hp))
             out.append((pi, si, stage.gpu, need, st.memory_capacity_bytes(cost.knobs, sc.dev)))
     return out
 
@@ -89,8 +89,8 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
             if si < n - 1:
                 b += recv
             params = sc.sums.params(sc.first, sc.last)
-            copies = replicas * stage.dp
-            sync_s = st.grad_sync_s(knobs, sc.dev, params, stage.group_size, copies, plan.training.zero, single)
+            copies = st.weight_copies(replicas, stage.dp, stage.cp, stage.hp)
+            sync_s = st.grad_sync_s(knobs, sc.dev, params, stage.tp, copies, plan.training.zero, single)
             opt_s = st.optimizer_s(knobs, sc.dev, params, plan.training.zero, copies)
             flight = st.in_flight(plan.schedule, n, si, pipe.microbatches)
             mem = st.stage_memory_bytes(sc.table, sc.sums, sc.first, sc.last, flight, plan.training.zero, copies)

@@ -55,7 +55,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.costmodel import stage as st
+from planner.costmodel.base import CostModel
 from planner.errors import HetplanError
+from planner.evaluate import evaluate
+from planner.plan import Plan
+from planner.specs.cluster import ClusterSpec
 
 SCHEDULES = ("1f1b", "gpipe")
 
@@ -124,7 +128,7 @@ def stage_op_order(schedule: str, num_stages: int, stage: int, microbatches: int
 
 
 def dependency(kind: str, stage: int, microbatch: int, num_stages: int) -> tuple[str, int, int] | None:
-    """The op (kind, stage, microbatch) on another stage that must finish first, if any."""
+    """The op (kind, stage, microbatch) that must finish before this one, besides the stage's previous op."""
     if kind == "F":
         return ("F", stage - 1, microbatch) if stage > 0 else None
     if stage < num_stages - 1:
@@ -237,12 +241,10 @@ def _peak_in_flight(order: list[tuple[str, int]]) -> int:
     return peak
 
 
-def simulate_plan(plan: "Plan", cluster: "ClusterSpec", cost: "CostModel | None" = None, *,
+def simulate_plan(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
                   check: bool = True) -> PlanTimeline:
     """Simulate every pipeline of a plan on the evaluator's own per-stage F/B (boundary p2p included)
     and add the evaluator's tail and overhead, so `step_s` compares with `evaluate(...).step_s`."""
-    from planner.evaluate import evaluate
-
     pred = evaluate(plan, cluster, cost, check=check)
     timelines = []
     for pi, pipe in enumerate(plan.pipelines):

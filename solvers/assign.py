@@ -43,6 +43,7 @@ class Assignment:
     microbatches: tuple[tuple[int, ...], ...]  # per template, microbatches of each copy
     pipe_s: float
     tail_s: float
+    bound_s: float = 0.0  # lower bound on the optimum of this problem (== objective when exact)
 
     @property
     def objective_s(self) -> float:
@@ -128,7 +129,10 @@ def _feasible_pulp(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, time_limi
         kwargs["timeLimit"] = max(1, int(math.ceil(time_limit_s)))
     backend = pulp.HiGHS(**kwargs) if solver_name == "highs" else pulp.PULP_CBC_CMD(**kwargs)
     stats.ilp_solves += 1
-    prob.solve(backend)
+    from solvers.quiet import quiet_stdout
+
+    with quiet_stdout():
+        prob.solve(backend)
     # sol_status, not only status: after a time limit CBC can report "Optimal" for a poor answer.
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         if prob.sol_status == pulp.LpSolutionNoSolutionFound:
@@ -163,6 +167,46 @@ def _deal(p: AssignProblem, counts: np.ndarray, caps: np.ndarray) -> tuple[tuple
     per_t = tuple(tuple(mbs[(t, r)] for r in range(int(counts[t]))) for t in range(len(counts)))
     pipe = max(p.a_s[t] + (m - 1) * p.c_s[t] for (t, _), m in mbs.items())
     return per_t, float(pipe)
+
+
+def _collapse(p: AssignProblem, caps: np.ndarray) -> np.ndarray:
+    """Keep, per GPU-usage vector, only the template with the largest capacity (lowest index on
+    ties), and drop usage vectors that need more GPUs than another with at least the same capacity.
+    Any solution of the full problem maps onto the kept templates without losing capacity."""
+    live = np.flatnonzero(caps > 0)
+    best: dict[tuple[int, ...], int] = {}
+    for i in live:
+        key = tuple(int(x) for x in p.usage[i])
+        j = best.get(key)
+        if j is None or caps[i] > caps[j]:
+            best[key] = int(i)
+    keys = sorted(best, key=lambda k: (sum(k), k))
+    kept: list[int] = []
+    for k in keys:
+        i = best[k]
+        if not any(all(a <= b for a, b in zip(p.usage[j], k)) and caps[j] >= caps[i] for j in kept):
+            kept.append(i)
+    out = np.zeros_like(caps)
+    out[kept] = caps[kept]
+    return out
+
+
+def _lp_capacity(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> float:
+    """LP relaxation of the capacity problem (GLOP): an upper bound on what any copy counts reach."""
+    from ortools.linear_solver import pywraplp
+
+    idx = np.flatnonzero((caps > 0) & (ub > 0))
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    n = [solver.NumVar(0.0, float(ub[i]), "") for i in idx]
+    for k in range(p.usage.shape[1]):
+        coeffs = [(v, float(p.usage[i, k])) for v, i in zip(n, idx) if p.usage[i, k]]
+        if coeffs:
+            solver.Add(sum(c * v for v, c in coeffs) <= float(p.avail[k]))
+    solver.Add(sum(n) <= float(min(p.replicas[1], p.microbatches)))
+    solver.Maximize(sum(float(caps[i]) * v for v, i in zip(n, idx)))
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return float("inf")
+    return solver.Objective().Value()
 
 
 def _greedy(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> np.ndarray | None:
@@ -207,9 +251,12 @@ def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s:
         caps = _caps(p, allowed, t)
         if _surely_infeasible(p, caps, ub):
             return None
+        caps = _collapse(p, caps)
         quick = _greedy(p, caps, ub)
         if quick is not None:
             return quick
+        if _lp_capacity(p, caps, ub) < p.microbatches - 1e-6:
+            return None
         if backend == "cpsat":
             return _feasible_cpsat(p, caps, ub, time_limit_s, stats)
         return _feasible_pulp(p, caps, ub, time_limit_s, stats, backend)
@@ -248,10 +295,30 @@ def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s:
     return t_now, found, caps
 
 
+def _tail_levels(e_values: np.ndarray, width_s: float, exact_upto: int) -> list[tuple[float, float]]:
+    """(cap, floor) pairs in increasing order: plans whose largest tail T_e satisfies
+    floor <= T_e <= cap (and T_e above the previous cap) are searched at this cap. Every distinct
+    tail is its own level when there are few (floor = cap: exact), else buckets `width_s` wide."""
+    distinct = np.unique(e_values)
+    if len(distinct) <= exact_upto or width_s <= 0:
+        return [(float(c), float(c)) for c in distinct]
+    out = []
+    i = 0
+    while i < len(distinct):
+        j = int(np.searchsorted(distinct, float(distinct[i]) + width_s, side="right"))
+        out.append((float(distinct[j - 1]), float(distinct[i])))
+        i = j
+    return out
+
+
 def solve_assignment(p: AssignProblem, backend: str = "cpsat",
-                     time_limit_s: float | None = None,
-                     stats: SolverStats | None = None) -> Assignment | None:
-    """Optimal copies and microbatch counts (see module docstring), or None if infeasible."""
+                     time_limit_s: float | None = None, stats: SolverStats | None = None,
+                     tail_width_rel: float = 1e-3, exact_levels: int = 200) -> Assignment | None:
+    """Optimal copies and microbatch counts (see module docstring), or None if infeasible.
+
+    With more than `exact_levels` distinct tails, tails are grouped into buckets `tail_width_rel`
+    of the least pipeline time wide; `Assignment.bound_s` then is a lower bound on the optimum
+    that is at most one bucket below it (equal to the optimum otherwise)."""
     stats = stats or SolverStats()
     every = np.ones(len(p.a_s), dtype=bool)
     base = _min_time(p, every, backend, time_limit_s, stats, 0.0, None)
@@ -259,9 +326,11 @@ def solve_assignment(p: AssignProblem, backend: str = "cpsat",
         return None
     t_bound = base[0]
     best: Assignment | None = None
+    bound = np.inf
     upper = None
-    for e in np.unique(p.e_s):
-        if best is not None and e + t_bound >= best.objective_s:
+    for e, e_floor in _tail_levels(p.e_s, tail_width_rel * t_bound, exact_levels):
+        if best is not None and t_bound + e_floor >= best.objective_s:
+            bound = min(bound, t_bound + e_floor)
             break
         allowed = p.e_s <= e
         res = _min_time(p, allowed, backend, time_limit_s, stats, t_bound, upper)
@@ -271,7 +340,11 @@ def solve_assignment(p: AssignProblem, backend: str = "cpsat",
         upper = t
         per_t, pipe = _deal(p, counts, caps)
         tail = float(np.max(p.e_s[counts > 0]))
+        bound = min(bound, pipe + e_floor)
         cand = Assignment(tuple(int(x) for x in counts), per_t, pipe, tail)
         if best is None or cand.objective_s < best.objective_s - 1e-15:
             best = cand
-    return best
+    if best is None:
+        return None
+    return Assignment(best.counts, best.microbatches, best.pipe_s, best.tail_s,
+                      min(bound, best.objective_s))

@@ -111,8 +111,9 @@ def _below(x: float) -> float:
 
 
 def split_frontier(positions: list[StageOptions], max_in_flight: int | None = None,
-                   max_points: int = 10_000) -> list[Split]:
-    """Every non-dominated (A, C, E) split, sorted by (C, E, A).
+                   max_points: int = 10_000, with_tail: bool = True) -> list[Split]:
+    """Every non-dominated (A, C, E) split, sorted by (C, E, A); with `with_tail=False` every
+    non-dominated (A, C) split (E is then whatever those splits have).
 
     Proof sketch: at tail cap e the inner loop lists, for each bottleneck cap, the least A with
     C <= cap and E <= e (each DP is exact). Caps of e are the maxima of the previous level minus one
@@ -132,8 +133,19 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
         if not level:
             break
         found.extend(level)
+        if not with_tail:
+            return pareto_ac(found)
         e = _below(max(p.e_s for p in level))
     return pareto(found)
+
+
+def pareto_ac(points: list[Split]) -> list[Split]:
+    """Drop splits dominated in (A, C); keep the first of equal pairs."""
+    keep: list[Split] = []
+    for p in sorted(points, key=lambda p: (p.c_s, p.a_s)):
+        if not keep or p.a_s < keep[-1].a_s:
+            keep.append(p)
+    return keep
 
 
 def pareto(points: list[Split]) -> list[Split]:
@@ -149,3 +161,45 @@ def pareto(points: list[Split]) -> list[Split]:
             keep.append(uniq[k])
     keep.sort(key=lambda p: (p.c_s, p.e_s, p.a_s))
     return keep
+
+
+def undominated_options(opts: StageOptions, use_tail: bool = True) -> list[int]:
+    """Options not dominated by another everywhere (F+B, memory, activations and, if `use_tail`,
+    tail all <=). A dominated option is never needed: swapping in its dominator keeps every cap and
+    memory limit and does not raise A, C or E. Ties keep the lower index."""
+    n = opts.fb.shape[0]
+    arrays = [opts.fb, opts.mem_fixed, opts.act] + ([opts.tail] if use_tail else [])
+    keep = []
+    for i in range(n):
+        dominated = False
+        for j in range(n):
+            if j == i:
+                continue
+            le = all(np.all(a[j] <= a[i]) for a in arrays)
+            if le and (j < i or not all(np.array_equal(a[j], a[i]) for a in arrays)):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(i)
+    return keep
+
+
+def subset_options(opts: StageOptions, keep: list[int]) -> StageOptions:
+    return StageOptions(opts.fb[keep], opts.tail[keep], opts.mem_fixed[keep], opts.act[keep], opts.capacity)
+
+
+def min_max_tail(positions: list[StageOptions], max_in_flight: int | None = None) -> float | None:
+    """Least possible largest stage tail over all memory-feasible splits (a min-max DP), or None."""
+    num_stages = len(positions)
+    n = positions[0].num_layers
+    if num_stages > n:
+        return None
+    value = np.full(n + 1, INF)
+    value[n] = -INF
+    for s in range(num_stages - 1, -1, -1):
+        flight = num_stages - s if max_in_flight is None else min(num_stages - s, max_in_flight)
+        p = positions[s]
+        ok = (p.mem_fixed + flight * p.act <= p.capacity) & np.isfinite(p.fb)
+        tail = np.where(ok, p.tail, INF).min(axis=0)
+        value = np.maximum(tail, value[None, :]).min(axis=1)
+    return float(value[0]) if math.isfinite(value[0]) else None

@@ -84,7 +84,7 @@ def _check_shape(model: ModelSpec, *, gpus: int, tp: int, cp: int, pp: int, mbs:
 def estimate_run(model: ModelSpec, gpu_name: str, *, gpus: int, tp: int, pp: int, cp: int = 1, mbs: int = 1,
                  global_batch: int, seq: int | None = None, recompute: str = "none",
                  gpus_per_node: int | None = None, nic_gbps: float | None = None, zero: int = 0,
-                 attention: str = "flash") -> dict[str, Any]:
+                 attention: str = "flash", sequence_parallel: bool = False) -> dict[str, Any]:
     """The prediction as plain data (the `--json` document)."""
     gpu = get_gpu(gpu_name, "--gpu")
     per_node = gpus_per_node or gpu.gpus_per_node
@@ -93,7 +93,8 @@ def estimate_run(model: ModelSpec, gpu_name: str, *, gpus: int, tp: int, pp: int
                       seq=seq_len, gpus_per_node=per_node)
     cluster = ClusterSpec(nodes=[NodeGroup(gpu=gpu.name, nodes=math.ceil(gpus / per_node),
                                            gpus_per_node=per_node, nic_gbps=nic_gbps)])
-    training = TrainingSpec(global_batch=global_batch, seq_len=seq_len, zero=zero, attention=attention)
+    training = TrainingSpec(global_batch=global_batch, seq_len=seq_len, zero=zero, attention=attention,
+                            sequence_parallel=sequence_parallel)
     plan = uniform_plan(model, training, cluster, tp=tp, pp=pp, cp=cp, micro_batch=mbs,
                         recompute=recompute, gpus=gpus)
     for v in violations(plan, cluster):  # safety net: any rule the up-front checks missed
@@ -112,6 +113,7 @@ def estimate_run(model: ModelSpec, gpu_name: str, *, gpus: int, tp: int, pp: int
         "tp": tp, "cp": cp, "pp": pp, "dp": dp, "micro_batch": mbs, "global_batch": global_batch,
         "seq_len": seq_len, "microbatches_per_pipeline": global_batch // (mbs * dp),
         "recompute": recompute, "zero": zero, "attention": attention,
+        "sequence_parallel": sequence_parallel and tp > 1,
         "step_s": pred.step_s,
         "tokens_per_s": pred.tokens_per_s,
         "tflops_per_gpu": model_flops / pred.step_s / gpus / 1e12,
@@ -143,13 +145,16 @@ def estimate(
     nic_gbps: float | None = typer.Option(None, "--nic-gbps", min=0.001, help="inter-node Gb/s per GPU"),
     zero: int = typer.Option(0, "--zero", min=0, max=3, help="0 plain DP, 1 distributed optimizer, 2, 3"),
     attention: AttentionOpt = typer.Option(AttentionOpt.flash, "--attention", help="attention kernel"),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel/--no-sequence-parallel",
+                                           help="Megatron sequence parallelism (off by default, as in Megatron)"),
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of a table"),
 ) -> None:
     """Predict a homogeneous Megatron-style run: step time, tokens/s, TFLOP/s, MFU, memory."""
     spec = load_model(model, "--model")
     result = estimate_run(spec, gpu, gpus=gpus, tp=tp, pp=pp, cp=cp, mbs=mbs, global_batch=global_batch,
                           seq=seq, recompute=recompute.value, gpus_per_node=gpus_per_node,
-                          nic_gbps=nic_gbps, zero=zero, attention=attention.value)
+                          nic_gbps=nic_gbps, zero=zero, attention=attention.value,
+                          sequence_parallel=sequence_parallel)
     if json_out:
         print_json(result)
         return

@@ -94,18 +94,26 @@ def in_flight(schedule: str, num_stages: int, stage: int, microbatches: int) -> 
     return min(num_stages - stage, microbatches)
 
 
-def grad_sync_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, group_gpus: int, copies: int,
-                zero: int, single_node: bool) -> float:
-    """Gradient reduction of one stage's shard over all `copies` that hold it (replicas x intra-stage dp).
+def weight_copies(replicas: int, dp: int, cp: int, hp: int) -> int:
+    """GPUs holding the same weight shard: every replica, every intra-stage dp copy, and every
+    context / head-parallel rank (those shard activations, not weights), i.e. Megatron's
+    data-parallel x context-parallel group. Gradients are reduced, and ZeRO shards, over them."""
+    return replicas * dp * cp * hp
 
-    Copies of the same shard are assumed packed onto a node as far as it holds them (the placer does
-    this), so the reduction is hierarchical: NVLink inside the node, then each GPU's own NIC. With a
+
+def grad_sync_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, tp: int, copies: int,
+                zero: int, single_node: bool) -> float:
+    """Gradient reduction of one stage's TP shard over all `copies` that hold it (`weight_copies`).
+
+    Copies of the same shard are assumed packed onto a node as far as it holds them (CP/head ranks
+    share the TP group's node; the placer packs copies of a stage together), so the reduction is
+    hierarchical: NVLink inside the node, then each GPU's own NIC. With a
     distributed optimizer it is a reduce-scatter of fp32 grads plus an all-gather of bf16 weights,
     3/4 of an all-reduce's traffic.
     """
     if copies <= 1:
         return 0.0
-    per_node = copies if single_node else max(1, min(copies, dev.gpus_per_node // max(1, group_gpus)))
+    per_node = copies if single_node else max(1, min(copies, dev.gpus_per_node // max(1, tp)))
     t = comm.hierarchical_all_reduce_s(knobs, params_per_gpu * GRAD_BYTES, copies, per_node,
                                        dev.intra_link(knobs), dev.nic_link(knobs))
     return 0.75 * t if zero >= 1 else t

@@ -27,11 +27,10 @@ from planner.errors import HetplanError, InfeasibleError
 from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
-from planner.search.options import OptionContext, build_options
 from planner.search.placement import build_plan
+from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
-from planner.search.templates import (Template, block_skeletons, count_sequences, exact_skeletons,
-                                      prune_templates, skeleton_templates)
+from planner.search.templates import Template, count_sequences
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -110,7 +109,7 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
-           time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 3,
+           time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
            exact_limit: int = 3000, top_k: int = 3, progress: Progress | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives."""
     start = time.perf_counter()
@@ -127,71 +126,63 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     n_slots = model.num_layer_slots
     sizes = micro_batch_sizes(training)
     stats = SolverStats()
-    counters = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
     candidates: list[_Candidate] = []
     bounds: list[float] = []
     coverage = "exact"
     timed_out = False
-    units = []
-    for b in sizes:
+    unsolved_sizes: set[int] = set()
+    explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
+    overhead = cost.knobs.step_overhead_s
+    for bi, b in enumerate(sizes):
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            timed_out = True
+            unsolved_sizes.add(b)
+            continue
         shapes = {rc.index: stage_shapes(model, training, rc, b) for rc in classes}
         types = block_types(shapes)
         if not types:
             continue
         type_list = list(types)
+        args = (cost, model, training, classes, types, avail, b, cluster.single_node)
         if count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
-            skeletons = exact_skeletons(type_list, avail, n_slots)
+            provider = ExactProvider(*args)
         else:
-            coverage = f"blocks<={max_blocks}"
-            skeletons = block_skeletons(type_list, avail, n_slots, max_blocks)
+            provider = BlocksProvider(*args, max_blocks=max_blocks)
+            coverage = provider.coverage
         microbatches = training.global_batch // b
         r_max = min(microbatches, sum(avail) // min(bt.gpus for bt in type_list))
-        for rng in replica_classes(max(1, r_max)):
-            units.append((b, types, skeletons, rng))
-    unsolved_sizes: set[int] = set()
-    for k, (b, types, skeletons, (lo, hi)) in enumerate(units):
-        if time_limit is not None and time.perf_counter() - start > time_limit:
-            timed_out = True
-            unsolved_sizes.add(b)
-            continue
-        if progress:
-            progress(k / max(1, len(units)), f"micro_batch {b}, pipelines {lo}-{hi}")
-        microbatches = training.global_batch // b
-        ctx = OptionContext(model, training, b, lo, lo, cluster.single_node)
-        opts = {bt: build_options(cost, classes[bt.cls], shp, ctx) for bt, shp in types.items()}
-        templates = [t for sk in skeletons for t in skeleton_templates(sk, opts, types, len(classes))]
-        counters["skeletons"] += len(skeletons)
-        kept = prune_templates(templates)
-        counters["templates"] += len(templates)
-        counters["templates_pruned"] += len(templates) - len(kept)
-        if not kept:
-            continue
-        remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
-        sol = solve_assignment(_problem(kept, avail, microbatches, (lo, hi)), solver, time_limit_s=remaining,
-                               stats=stats)
-        counters["assignments"] += 1
-        overhead = cost.knobs.step_overhead_s
-        bound = None
-        if lo != hi and training.zero >= 1:
-            ctx_lb = OptionContext(model, training, b, lo, hi, cluster.single_node)
-            opts_lb = {bt: build_options(cost, classes[bt.cls], shp, ctx_lb) for bt, shp in types.items()}
-            lb_t = prune_templates([t for sk in skeletons for t in skeleton_templates(sk, opts_lb, types, len(classes))])
-            lb_sol = solve_assignment(_problem(lb_t, avail, microbatches, (lo, hi)), solver, stats=stats) if lb_t else None
-            if lb_sol is not None:
-                bound = lb_sol.objective_s + overhead
-        elif sol is not None:
-            bound = sol.objective_s + overhead
-        if stats.timed_out:
-            timed_out = True
-            unsolved_sizes.add(b)
-        elif bound is not None:
-            bounds.append(bound * (1 - 1e-9))
-        if sol is None:
-            continue
-        chosen = [(kept[t], sol.microbatches[t]) for t in range(len(kept)) if sol.counts[t]]
-        plan = build_plan(model, training, cluster, classes, b, chosen)
-        pred = evaluate(plan, cluster, cost)
-        candidates.append(_Candidate(pred.step_s, plan, pred, b))
+        rclasses = replica_classes(max(1, r_max))
+        for k, (lo, hi) in enumerate(rclasses):
+            if time_limit is not None and time.perf_counter() - start > time_limit:
+                timed_out = True
+                unsolved_sizes.add(b)
+                break
+            if progress:
+                progress((bi + k / len(rclasses)) / len(sizes), f"micro_batch {b}, pipelines {lo}-{hi}")
+            plan_set, lb_set = provider.templates(lo, hi)
+            remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
+            problem_args = (avail, microbatches, (lo, hi))
+            sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
+                                   stats=stats) if plan_set else None
+            explored["assignments"] += 1
+            if lb_set is plan_set:
+                lb = sol
+            else:
+                lb = solve_assignment(_problem(lb_set, *problem_args), solver, stats=stats) if lb_set else None
+            if stats.timed_out:
+                timed_out = True
+                unsolved_sizes.add(b)
+            elif lb is not None:
+                bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
+            if sol is None:
+                continue
+            chosen = [(plan_set[t], sol.microbatches[t]) for t in range(len(plan_set)) if sol.counts[t]]
+            plan = build_plan(model, training, cluster, classes, b, chosen)
+            pred = evaluate(plan, cluster, cost)
+            candidates.append(_Candidate(pred.step_s, plan, pred, b))
+        explored["skeletons"] += provider.stats.skeletons
+        explored["templates"] += provider.stats.templates
+        explored["templates_pruned"] += provider.stats.pruned
     if progress:
         progress(1.0, "done")
     if not candidates:
@@ -217,7 +208,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         idle[g] -= n
     idle = {g: n for g, n in idle.items() if n}
     explanation = _explain(plan, pred, idle)
-    out_stats = {**counters, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
+    out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
 

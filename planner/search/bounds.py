@@ -26,7 +26,7 @@ def fluid_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int) -> floa
         prob += pulp.lpSum(y[(l, c)] for c in range(n_classes) if (l, c) in y) == microbatches
     for c in range(n_classes):
         prob += pulp.lpSum(float(work[l, c]) * y[(l, c)] for l in range(n_layers) if (l, c) in y) <= float(gpus[c]) * t
-    prob.solve(pulp.HiGHS(msg=False))
+    prob.solve(pulp.PULP_CBC_CMD(msg=False))
     if prob.sol_status != pulp.LpSolutionOptimal:
         return 0.0
     return max(0.0, float(t.value() or 0.0) * (1 - 1e-9))

@@ -64,10 +64,10 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
         f = _range_matrix(sums.fwd_cum)[i_idx, j_idx] + recv * not_first
         b = _range_matrix(sums.bwd_cum)[i_idx, j_idx] + recv * not_last
         params = _range_matrix(sums.params_cum)[i_idx, j_idx]
-        copies_sync = ctx.replicas_sync * shape.dp
-        copies_mem = ctx.replicas_mem * shape.dp
+        copies_sync = st.weight_copies(ctx.replicas_sync, shape.dp, shape.cp, shape.hp)
+        copies_mem = st.weight_copies(ctx.replicas_mem, shape.dp, shape.cp, shape.hp)
         uniq, inverse = np.unique(params, return_inverse=True)
-        sync_u = np.array([st.grad_sync_s(knobs, rc.dev, p, shape.group_size, copies_sync,
+        sync_u = np.array([st.grad_sync_s(knobs, rc.dev, p, shape.tp, copies_sync,
                                           ctx.training.zero, ctx.single_node) for p in uniq])
         opt_u = np.array([st.optimizer_s(knobs, rc.dev, p, ctx.training.zero, copies_mem) for p in uniq])
         sync, opt = sync_u[inverse], opt_u[inverse]

@@ -80,14 +80,16 @@ def exact_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
 
 def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int,
                     max_blocks: int) -> list[tuple[BlockType, ...]]:
-    """Sequences of at most `max_blocks` runs, each run `count` copies of one block type."""
+    """Sequences of at most `max_blocks` runs, each run `count` copies of one block type, the runs
+    on pairwise different GPU classes."""
     out: list[tuple[BlockType, ...]] = []
 
     def walk(prefix: list[BlockType], used: list[int], blocks: int, last: BlockType | None) -> None:
         if blocks == max_blocks:
             return
+        seen = {b.cls for b in prefix}
         for bt in types:
-            if bt == last:
+            if bt.cls in seen:
                 continue
             for count in itertools.count(1):
                 if len(prefix) + count > max_len or used[bt.cls] + count * bt.gpus > avail[bt.cls]:
@@ -134,20 +136,18 @@ def skeleton_templates(skeleton: tuple[BlockType, ...], options: dict[BlockType,
 
 
 def prune_templates(templates: list[Template]) -> list[Template]:
-    """Drop templates dominated by another of equal or smaller GPU usage (never changes the optimum)."""
-    def key(t: Template) -> tuple:
-        return (sum(t.usage), t.usage, t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9))
-
-    ordered = sorted(templates, key=key)
-    keep: list[Template] = []
-    for t in ordered:
-        tm = t.max_microbatches or 10**9
-        dominated = False
-        for k in keep:
-            if (k.a_s <= t.a_s and k.c_s <= t.c_s and k.e_s <= t.e_s and (k.max_microbatches or 10**9) >= tm
-                    and all(a <= b for a, b in zip(k.usage, t.usage))):
-                dominated = True
-                break
-        if not dominated:
-            keep.append(t)
-    return keep
+    """Drop templates dominated by another of the same GPU usage: A, C and E no larger and memory
+    allowing at least as many microbatches. Never changes the optimum. Order is deterministic."""
+    groups: dict[tuple[int, ...], list[Template]] = {}
+    for t in templates:
+        groups.setdefault(t.usage, []).append(t)
+    out: list[Template] = []
+    for usage in sorted(groups):
+        group = sorted(groups[usage], key=lambda t: (t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9)))
+        keep: list[Template] = []
+        for t in group:
+            tm = t.max_microbatches or 10**9
+            if not any(k.a_s <= t.a_s and k.e_s <= t.e_s and (k.max_microbatches or 10**9) >= tm for k in keep):
+                keep.append(t)
+        out.extend(keep)
+    return out
