@@ -54,7 +54,8 @@ class Assignment:
 class SolverStats:
     feasibility_checks: int = 0
     ilp_solves: int = 0
-    timed_out: bool = False
+    timed_out: bool = False  # an ILP hit its time limit: no optimality or bound claim
+    truncated: bool = False  # the tail levels were cut short by the deadline; the bound still holds
 
 
 def _caps(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
@@ -240,32 +241,49 @@ def _surely_infeasible(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> bo
     return min(per_gpu, per_copy) < p.microbatches
 
 
+def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_limit_s: float | None,
+           stats: SolverStats) -> np.ndarray | None:
+    """Copy counts whose capacities at pipeline time t reach M, or None if there are none."""
+    stats.feasibility_checks += 1
+    ub = _ub_counts(p)
+    caps = _caps(p, allowed, t)
+    if _surely_infeasible(p, caps, ub):
+        return None
+    caps = _collapse(p, caps)
+    quick = _greedy(p, caps, ub)
+    if quick is not None:
+        return quick
+    if _lp_capacity(p, caps, ub) < p.microbatches - 1e-6:
+        return None
+    if backend == "cpsat":
+        return _feasible_cpsat(p, caps, ub, time_limit_s, stats)
+    return _feasible_pulp(p, caps, ub, time_limit_s, stats, backend)
+
+
 def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s: float | None,
-              stats: SolverStats, lower: float, upper: float | None) -> tuple[float, np.ndarray, np.ndarray] | None:
+              stats: SolverStats, lower: float,
+              upper: tuple[float, np.ndarray, np.ndarray] | None) -> tuple[float, np.ndarray, np.ndarray] | None:
     """Least pipeline time using only `allowed` templates, exactly: bisection to 0.1 %, then step
     down breakpoint by breakpoint (a T just below the current optimum must be infeasible)."""
-    ub = _ub_counts(p)
-
     def check(t: float) -> np.ndarray | None:
-        stats.feasibility_checks += 1
-        caps = _caps(p, allowed, t)
-        if _surely_infeasible(p, caps, ub):
-            return None
-        caps = _collapse(p, caps)
-        quick = _greedy(p, caps, ub)
-        if quick is not None:
-            return quick
-        if _lp_capacity(p, caps, ub) < p.microbatches - 1e-6:
-            return None
-        if backend == "cpsat":
-            return _feasible_cpsat(p, caps, ub, time_limit_s, stats)
-        return _feasible_pulp(p, caps, ub, time_limit_s, stats, backend)
+        return _check(p, allowed, t, backend, time_limit_s, stats)
 
     if not allowed.any():
         return None
     lo = max(lower, float(np.min(p.a_s[allowed])))
-    hi = upper if upper is not None and upper >= lo else lo
-    found = check(hi)
+    if lower > 0:  # `lower` is the least time over all templates: reaching it here settles the level
+        at_lo = check(lo)
+        if at_lo is not None:
+            caps = _caps(p, allowed, lo)
+            return _deal(p, at_lo, caps)[1], at_lo, caps
+    if upper is not None and upper[0] >= lo:
+        below = check(float(np.nextafter(upper[0], -np.inf)))
+        if below is None:
+            return upper
+        hi, found = upper[0], below
+    else:
+        hi = lo
+        found = check(hi)
     span = float(np.max(p.a_s[allowed]) + p.microbatches * np.max(p.c_s[allowed]))
     while found is None:
         if hi > span * 2:
@@ -313,12 +331,17 @@ def _tail_levels(e_values: np.ndarray, width_s: float, exact_upto: int) -> list[
 
 def solve_assignment(p: AssignProblem, backend: str = "cpsat",
                      time_limit_s: float | None = None, stats: SolverStats | None = None,
-                     tail_width_rel: float = 1e-3, exact_levels: int = 200) -> Assignment | None:
+                     tail_width_rel: float = 1e-3, exact_levels: int = 200,
+                     deadline: float | None = None) -> Assignment | None:
     """Optimal copies and microbatch counts (see module docstring), or None if infeasible.
 
     With more than `exact_levels` distinct tails, tails are grouped into buckets `tail_width_rel`
     of the least pipeline time wide; `Assignment.bound_s` then is a lower bound on the optimum
-    that is at most one bucket below it (equal to the optimum otherwise)."""
+    that is at most one bucket below it (equal to the optimum otherwise). Past `deadline`
+    (time.perf_counter()) the remaining levels are skipped: the best so far is returned and the bound
+    covers the skipped levels with the least pipeline time plus their tail floor."""
+    import time
+
     stats = stats or SolverStats()
     every = np.ones(len(p.a_s), dtype=bool)
     base = _min_time(p, every, backend, time_limit_s, stats, 0.0, None)
@@ -332,12 +355,25 @@ def solve_assignment(p: AssignProblem, backend: str = "cpsat",
         if best is not None and t_bound + e_floor >= best.objective_s:
             bound = min(bound, t_bound + e_floor)
             break
+        if best is not None and deadline is not None and time.perf_counter() > deadline:
+            stats.truncated = True
+            bound = min(bound, t_bound + e_floor)
+            break
         allowed = p.e_s <= e
+        if best is not None:
+            # Only a pipeline time below best - e_floor can improve on `best`; one check settles it.
+            target = float(np.nextafter(best.objective_s - e_floor, -np.inf))
+            sol = _check(p, allowed, target, backend, time_limit_s, stats)
+            if sol is None:
+                bound = min(bound, best.objective_s)
+                continue
+            caps_t = _caps(p, allowed, target)
+            upper = (_deal(p, sol, caps_t)[1], sol, caps_t)
         res = _min_time(p, allowed, backend, time_limit_s, stats, t_bound, upper)
         if res is None:
             continue
         t, counts, caps = res
-        upper = t
+        upper = res
         per_t, pipe = _deal(p, counts, caps)
         tail = float(np.max(p.e_s[counts > 0]))
         bound = min(bound, pipe + e_floor)

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.cli.catalog",
     "planner.cli.estimate",
     "planner.cli.evaluate_cmd",
+    "planner.cli.plan_cmd",
 )
 
 

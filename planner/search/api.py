@@ -110,7 +110,7 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
-           exact_limit: int = 3000, top_k: int = 3, progress: Progress | None = None) -> SearchResult:
+           exact_limit: int = 200, top_k: int = 3, progress: Progress | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives."""
     start = time.perf_counter()
     cost = cost or AnalyticCostModel()
@@ -147,8 +147,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         if count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
             provider = ExactProvider(*args)
         else:
-            provider = BlocksProvider(*args, max_blocks=max_blocks)
+            deadline = None if time_limit is None else start + time_limit
+            provider = BlocksProvider(*args, max_blocks=max_blocks, deadline=deadline)
             coverage = provider.coverage
+            if provider.truncated:
+                timed_out = True
+                unsolved_sizes.add(b)
         microbatches = training.global_batch // b
         r_max = min(microbatches, sum(avail) // min(bt.gpus for bt in type_list))
         rclasses = replica_classes(max(1, r_max))
@@ -161,18 +165,22 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 progress((bi + k / len(rclasses)) / len(sizes), f"micro_batch {b}, pipelines {lo}-{hi}")
             plan_set, lb_set = provider.templates(lo, hi)
             remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
+            deadline = None if time_limit is None else start + time_limit
             problem_args = (avail, microbatches, (lo, hi))
             sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
-                                   stats=stats) if plan_set else None
+                                   stats=stats, deadline=deadline) if plan_set else None
             explored["assignments"] += 1
             if lb_set is plan_set:
                 lb = sol
             else:
-                lb = solve_assignment(_problem(lb_set, *problem_args), solver, stats=stats) if lb_set else None
+                lb = solve_assignment(_problem(lb_set, *problem_args), solver, stats=stats,
+                                      deadline=deadline) if lb_set else None
+            if stats.truncated:
+                timed_out = True
             if stats.timed_out:
                 timed_out = True
                 unsolved_sizes.add(b)
-            elif lb is not None:
+            elif lb is not None and not getattr(provider, "truncated", False):
                 bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
             if sol is None:
                 continue

@@ -14,6 +14,7 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from planner.costmodel.base import CostModel
@@ -94,12 +95,14 @@ class _Proto:
 class BlocksProvider:
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
-                 single_node: bool, max_blocks: int = 2) -> None:
+                 single_node: bool, max_blocks: int = 2, deadline: float | None = None) -> None:
         self.cost, self.model, self.training, self.classes = cost, model, training, classes
         self.shapes, self.micro_batch, self.single_node = shapes, micro_batch, single_node
         self.coverage = f"blocks<={max_blocks}"
         self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks)
         self.stats = ProviderStats(skeletons=len(self.skeletons))
+        self.deadline = deadline
+        self.truncated = False  # the deadline stopped the frontier enumeration: no bound from here
         r_all = max(1, sum(avail))
         self.plan_protos = self._protos(1)
         self.lb_protos = self.plan_protos if training.zero == 0 else self._protos(r_all)
@@ -113,6 +116,9 @@ class BlocksProvider:
         opts, _, keep = _pruned(full, self.shapes, use_tail=False)
         out = []
         for sk in self.skeletons:
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                self.truncated = True
+                break
             for split in split_frontier([opts[bt] for bt in sk], with_tail=False):
                 idx = tuple(keep[bt][o] for bt, o in zip(sk, split.options))
                 out.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))

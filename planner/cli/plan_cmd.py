@@ -1,0 +1,136 @@
+"""`hetplan plan`: search the fastest plan for a model on a cluster file, print it, write plan.json.
+
+The table and progress bar go to stderr; `--json` prints the plan and the search summary on stdout.
+`--out DIR` writes DIR/plan.json (created; never silently overwritten, `--force` replaces it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from planner.cli.evaluate_cmd import PROFILES_OPT, _stage_rows, load_cost_model, report_fallbacks
+from planner.cli.output import err_console, key_values, print_json, show, table
+from planner.errors import HetplanError
+from planner.search import SearchResult, search
+from planner.specs.cluster import load_cluster
+from planner.specs.models import load_model
+from planner.specs.training import TrainingSpec
+
+
+def _int_list(text: str | None, field: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise HetplanError(field, f"'{text}' is not a comma-separated list of integers") from None
+    if not values or any(v < 1 for v in values):
+        raise HetplanError(field, "needs positive integers")
+    return values
+
+
+def write_plan_file(out: Path, text: str, force: bool) -> Path:
+    """Write out/plan.json; refuse to replace an existing file unless `force`."""
+    if out.exists() and not out.is_dir():
+        raise HetplanError("--out", f"{out} exists and is not a directory")
+    target = out / "plan.json"
+    if target.exists() and not force:
+        raise HetplanError("--out", f"{target} exists (use --force to replace it)")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".plan.json.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
+def summary(result: SearchResult) -> dict[str, Any]:
+    """The deterministic part of a search result (no wall-clock times)."""
+    stats = {k: v for k, v in result.stats.items() if k != "search_s"}
+    return {
+        "lower_bound_s": result.lower_bound_s, "gap": result.gap, "coverage": result.coverage,
+        "timed_out": result.timed_out, "idle_gpus": result.idle_gpus, "explanation": result.explanation,
+        "explored": stats,
+        "alternatives": [{"step_s": p.predicted.step_s if p.predicted else None, "micro_batch": p.micro_batch,
+                          "pipelines": len(p.pipelines), "gpus": p.num_gpus} for p in result.alternatives],
+    }
+
+
+def plan_command(
+    cluster_path: Path = typer.Argument(..., metavar="CLUSTER.yaml", help="cluster YAML/JSON file"),
+    model: str = typer.Option(..., "--model", help="catalog name or a YAML/JSON ModelSpec file"),
+    global_batch: int = typer.Option(..., "--global-batch", min=1, help="sequences per step"),
+    seq: int | None = typer.Option(None, "--seq", min=1, help="sequence length (default: the model's)"),
+    zero: int = typer.Option(0, "--zero", min=0, max=3, help="0 plain DP, 1 distributed optimizer, 2, 3"),
+    recompute: str = typer.Option("none,selective,full", "--recompute", help="modes the search may use"),
+    micro_batches: str | None = typer.Option(None, "--micro-batches", help="microbatch sizes, e.g. 1,2,4"),
+    time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap"),
+    solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
+    max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
+    profiles: Path | None = PROFILES_OPT,
+    out: Path | None = typer.Option(None, "--out", help="write DIR/plan.json"),
+    force: bool = typer.Option(False, "--force", help="replace an existing DIR/plan.json"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of tables"),
+) -> None:
+    """Search the fastest plan (with a lower bound and its gap) and print or write it."""
+    spec = load_model(model, "--model")
+    cluster = load_cluster(cluster_path)
+    modes = tuple(m.strip() for m in recompute.split(",") if m.strip())
+    bad = [m for m in modes if m not in ("none", "selective", "full")]
+    if bad or not modes:
+        raise HetplanError("--recompute", f"unknown mode(s) {bad or modes}: use none, selective, full")
+    training = TrainingSpec(global_batch=global_batch, seq_len=seq or spec.seq_len, zero=zero,
+                            recompute=modes, micro_batches=_int_list(micro_batches, "--micro-batches"))
+    cost = load_cost_model(profiles)
+    if out is not None and (out / "plan.json").exists() and not force:
+        raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
+    if json_out:
+        result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
+                        max_blocks=max_blocks)
+    else:
+        from rich.progress import Progress
+
+        with Progress(console=err_console(), transient=True) as bar:
+            task = bar.add_task("searching", total=1.0)
+            result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
+                            max_blocks=max_blocks,
+                            progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+    report_fallbacks(cost)
+    plan_text = result.plan.to_json()
+    written = write_plan_file(out, plan_text, force) if out is not None else None
+    if json_out:
+        import json
+
+        print_json({"plan": json.loads(plan_text), "search": summary(result),
+                    "written": str(written) if written else None})
+        return
+    pred = result.prediction
+    show(
+        key_values(f"{spec.name} on {result.plan.num_gpus} GPUs: {len(result.plan.pipelines)} pipeline(s), "
+                   f"micro_batch {result.plan.micro_batch}, global batch {global_batch}, seq {training.seq_len}", [
+                       ("step time", f"{pred.step_s:.4f} s"),
+                       ("lower bound", f"{result.lower_bound_s:.4f} s (gap {100 * result.gap:.2f} %)"),
+                       ("tokens/s", f"{pred.tokens_per_s:,.0f}"),
+                       ("MFU", f"{100 * pred.mfu:.1f} %"),
+                       ("bottleneck", pred.bottleneck),
+                       ("coverage", result.coverage + (" (time limit hit)" if result.timed_out else "")),
+                       ("search time", f"{result.stats.get('search_s', 0.0):.2f} s"),
+                       ("cost sources", ", ".join(f"{g}: {s}" for g, s in pred.cost_sources.items())),
+                   ]),
+        table("Stages (m: microbatches of the pipeline; F, B per microbatch)",
+              ["pipe", "stage", "gpu", "layers", "tp/cp/hp/dp", "recompute", "m", "F ms", "B ms",
+               "sync ms", "mem GiB / cap", "costs"],
+              _stage_rows(result.plan, pred),
+              right=["pipe", "stage", "m", "F ms", "B ms", "sync ms", "mem GiB / cap"]),
+    )
+    for line in result.explanation:
+        if line.startswith("idle") or line.startswith("bottleneck"):
+            show(line)
+    if written:
+        show(f"wrote {written}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)
