@@ -170,25 +170,39 @@ def _deal(p: AssignProblem, counts: np.ndarray, caps: np.ndarray) -> tuple[tuple
     return per_t, float(pipe)
 
 
-def _collapse(p: AssignProblem, caps: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """Templates grouped by GPU-usage vector, and which usage vectors fit inside which."""
+
+    of: np.ndarray  # (T,) group of each template
+    inside: np.ndarray  # (G, G) bool: usage[j] <= usage[i] componentwise, j != i
+
+    @staticmethod
+    def of_problem(p: AssignProblem) -> "_Groups":
+        usage, of = np.unique(p.usage, axis=0, return_inverse=True)
+        inside = np.all(usage[:, None, :] <= usage[None, :, :], axis=2)
+        np.fill_diagonal(inside, False)
+        return _Groups(of.reshape(-1), inside)
+
+
+def _collapse(p: AssignProblem, caps: np.ndarray, groups: _Groups) -> np.ndarray:
     """Keep, per GPU-usage vector, only the template with the largest capacity (lowest index on
     ties), and drop usage vectors that need more GPUs than another with at least the same capacity.
     Any solution of the full problem maps onto the kept templates without losing capacity."""
-    live = np.flatnonzero(caps > 0)
-    best: dict[tuple[int, ...], int] = {}
-    for i in live:
-        key = tuple(int(x) for x in p.usage[i])
-        j = best.get(key)
-        if j is None or caps[i] > caps[j]:
-            best[key] = int(i)
-    keys = sorted(best, key=lambda k: (sum(k), k))
-    kept: list[int] = []
-    for k in keys:
-        i = best[k]
-        if not any(all(a <= b for a, b in zip(p.usage[j], k)) and caps[j] >= caps[i] for j in kept):
-            kept.append(i)
+    n_groups = groups.inside.shape[0]
+    best_cap = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(best_cap, groups.of, caps)
+    # representative: first template (lowest index) reaching its group's best capacity
+    is_best = (caps == best_cap[groups.of]) & (caps > 0)
+    rep = np.full(n_groups, -1)
+    idx = np.flatnonzero(is_best)[::-1]
+    rep[groups.of[idx]] = idx
+    live = best_cap > 0
+    dominated = (groups.inside & live[:, None] & (best_cap[:, None] >= best_cap[None, :])).any(axis=0)
+    keep = live & ~dominated
     out = np.zeros_like(caps)
-    out[kept] = caps[kept]
+    chosen = rep[keep]
+    out[chosen] = caps[chosen]
     return out
 
 
@@ -242,14 +256,14 @@ def _surely_infeasible(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> bo
 
 
 def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_limit_s: float | None,
-           stats: SolverStats) -> np.ndarray | None:
+           stats: SolverStats, groups: _Groups) -> np.ndarray | None:
     """Copy counts whose capacities at pipeline time t reach M, or None if there are none."""
     stats.feasibility_checks += 1
     ub = _ub_counts(p)
     caps = _caps(p, allowed, t)
     if _surely_infeasible(p, caps, ub):
         return None
-    caps = _collapse(p, caps)
+    caps = _collapse(p, caps, groups)
     quick = _greedy(p, caps, ub)
     if quick is not None:
         return quick
@@ -261,12 +275,12 @@ def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_l
 
 
 def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s: float | None,
-              stats: SolverStats, lower: float,
+              stats: SolverStats, groups: _Groups, lower: float,
               upper: tuple[float, np.ndarray, np.ndarray] | None) -> tuple[float, np.ndarray, np.ndarray] | None:
     """Least pipeline time using only `allowed` templates, exactly: bisection to 0.1 %, then step
     down breakpoint by breakpoint (a T just below the current optimum must be infeasible)."""
     def check(t: float) -> np.ndarray | None:
-        return _check(p, allowed, t, backend, time_limit_s, stats)
+        return _check(p, allowed, t, backend, time_limit_s, stats, groups)
 
     if not allowed.any():
         return None
@@ -344,7 +358,8 @@ def solve_assignment(p: AssignProblem, backend: str = "cpsat",
 
     stats = stats or SolverStats()
     every = np.ones(len(p.a_s), dtype=bool)
-    base = _min_time(p, every, backend, time_limit_s, stats, 0.0, None)
+    groups = _Groups.of_problem(p)
+    base = _min_time(p, every, backend, time_limit_s, stats, groups, 0.0, None)
     if base is None:
         return None
     t_bound = base[0]
@@ -363,13 +378,13 @@ def solve_assignment(p: AssignProblem, backend: str = "cpsat",
         if best is not None:
             # Only a pipeline time below best - e_floor can improve on `best`; one check settles it.
             target = float(np.nextafter(best.objective_s - e_floor, -np.inf))
-            sol = _check(p, allowed, target, backend, time_limit_s, stats)
+            sol = _check(p, allowed, target, backend, time_limit_s, stats, groups)
             if sol is None:
                 bound = min(bound, best.objective_s)
                 continue
             caps_t = _caps(p, allowed, target)
             upper = (_deal(p, sol, caps_t)[1], sol, caps_t)
-        res = _min_time(p, allowed, backend, time_limit_s, stats, t_bound, upper)
+        res = _min_time(p, allowed, backend, time_limit_s, stats, groups, t_bound, upper)
         if res is None:
             continue
         t, counts, caps = res

@@ -75,23 +75,64 @@ def _assert_sound(result, cluster: ClusterSpec) -> None:
     assert math.isfinite(result.gap) and result.gap >= 0, f"gap {result.gap}"
 
 
-@settings(max_examples=40, **SETTINGS)
+def _in_searched_space(result, plan, cluster: ClusterSpec, max_blocks: int = 2) -> bool:
+    """Whether the search's coverage includes `plan`: always for "exact"; for "blocks<=k" only pipelines
+    of at most k runs of identical stage groups on pairwise different GPU classes, each running at
+    least as many microbatches as it has stages (the blocks provider's memory assumption)."""
+    if result.coverage == "exact":
+        return True
+    for pipe in plan.pipelines:
+        groups = []
+        for s in pipe.stages:
+            node = cluster.node(expand_devices(s.devices)[0][0])
+            groups.append((node.gpu, node.gpus, s.num_gpus))
+        runs = [g for k, g in enumerate(groups) if k == 0 or g != groups[k - 1]]
+        if len(runs) > max_blocks or len({r[:2] for r in runs}) < len(runs) or pipe.microbatches < len(groups):
+            return False
+    return True
+
+
+def _assert_beats_baselines(result, model, cluster, training) -> None:
+    step = result.prediction.step_s
+    for which in (None, "each"):
+        base = best_uniform_plan(model, cluster, training, COST, single_type=which)
+        if base is None or not _in_searched_space(result, base[0], cluster):
+            continue
+        assert step <= base[1].step_s * (1 + REL), \
+            f"search {step:.6f} s ({result.coverage}) slower than Megatron grid ({which or 'whole pool'}) " \
+            f"{base[1].step_s:.6f} s"
+
+
+def _assert_no_grid_exists(model, cluster, training) -> None:
+    for which in (None, "each"):
+        assert best_uniform_plan(model, cluster, training, COST, single_type=which) is None, \
+            f"search says infeasible but a Megatron grid ({which or 'whole pool'}) fits"
+
+
+@settings(max_examples=100, **SETTINGS)
 @given(model=models(), cluster=clusters(), training=trainings())
 def test_search_plan_is_valid_bounded_and_beats_megatron_grids(model, cluster, training):
     try:
         result = search(model, cluster, training, cost=COST)
     except InfeasibleError:
-        # Then no hand-made grid may exist either.
-        assert best_uniform_plan(model, cluster, training, COST) is None
-        assert best_uniform_plan(model, cluster, training, COST, single_type="each") is None
+        _assert_no_grid_exists(model, cluster, training)
         return
     _assert_sound(result, cluster)
-    step = result.prediction.step_s
-    for which in (None, "each"):
-        base = best_uniform_plan(model, cluster, training, COST, single_type=which)
-        if base is not None:
-            assert step <= base[1].step_s * (1 + REL), \
-                f"search {step:.6f} s slower than Megatron grid ({which or 'whole pool'}) {base[1].step_s:.6f} s"
+    _assert_beats_baselines(result, model, cluster, training)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(model=models(max_layers=3), cluster=clusters(max_gpus=5), training=trainings())
+def test_exact_search_never_slower_than_any_megatron_grid(model, cluster, training):
+    """With the exact provider forced on, every Megatron grid is in the searched space."""
+    try:
+        result = search(model, cluster, training, cost=COST, exact_limit=10**6)
+    except InfeasibleError:
+        _assert_no_grid_exists(model, cluster, training)
+        return
+    assert result.coverage == "exact"
+    _assert_sound(result, cluster)
+    _assert_beats_baselines(result, model, cluster, training)
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -152,6 +193,17 @@ def test_uniform_baseline_is_a_megatron_grid(model, cluster, training):
             assert len(types) == 1, f"single-type baseline used {types}"
         for s in stages:
             assert {cluster.node(n).gpu for n, _ in expand_devices(s.devices)} == {get_gpu(s.gpu).name}
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(model=models(), cluster=clusters(), training=trainings())
+def test_uniform_baseline_on_most_gpus_is_never_faster_but_never_smaller(model, cluster, training):
+    best = best_uniform_plan(model, cluster, training, COST)
+    spread = best_uniform_plan(model, cluster, training, COST, most_gpus=True)
+    assert (best is None) == (spread is None)
+    if best is not None:
+        assert spread[0].num_gpus >= best[0].num_gpus
+        assert best[1].step_s <= spread[1].step_s
 
 
 def test_uniform_baseline_leaves_indivisible_gpus_idle():

@@ -108,7 +108,7 @@ def grid_plan(model: ModelSpec, training: TrainingSpec, ranks: list[tuple[Node, 
 
 
 def _best_on(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-             nodes: list[Node]) -> tuple[Plan, Prediction] | None:
+             nodes: list[Node], most_gpus: bool) -> tuple[Plan, Prediction] | None:
     ranks = _ranks(nodes)
     best: tuple[tuple, Plan, Prediction] | None = None
     for grid in grids(model, training, ranks):
@@ -116,7 +116,8 @@ def _best_on(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cos
         if violations(plan, cluster, cost):
             continue
         pred = evaluate(plan, cluster, cost, check=False)
-        key = (pred.step_s, grid.gpus, grid.tp, grid.pp, grid.micro_batch, RECOMPUTE_ORDER.index(grid.recompute))
+        key = (-grid.gpus if most_gpus else 0, pred.step_s, grid.gpus, grid.tp, grid.pp, grid.micro_batch,
+               RECOMPUTE_ORDER.index(grid.recompute))
         if best is None or key < best[0]:
             best = (key, plan, pred)
     if best is None:
@@ -125,13 +126,15 @@ def _best_on(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cos
 
 
 def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel, *,
-                      single_type: str | None = None) -> tuple[Plan, Prediction] | None:
+                      single_type: str | None = None, most_gpus: bool = False) -> tuple[Plan, Prediction] | None:
     """Fastest valid Megatron-uniform plan, or None when no grid fits.
 
     single_type None: one grid over the whole pool; a GPU name: only that type's nodes (None if the
-    pool has none); "each": the best over every single type of the pool."""
+    pool has none); "each": the best over every single type of the pool. By default a grid may use any
+    prefix of the ranks (the strongest baseline); `most_gpus` keeps only the valid grids that use the
+    most GPUs, as someone who insists on running the whole pool would."""
     if single_type == "each":
-        found = [best_uniform_plan(model, cluster, training, cost, single_type=gpu)
+        found = [best_uniform_plan(model, cluster, training, cost, single_type=gpu, most_gpus=most_gpus)
                  for gpu in sorted(cluster.counts_by_type())]
         found = [f for f in found if f is not None]
         return min(found, key=lambda f: (f[1].step_s, f[0].num_gpus)) if found else None
@@ -141,4 +144,4 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         nodes = [n for n in nodes if n.gpu == gpu]
     if not nodes:
         return None
-    return _best_on(model, cluster, training, cost, nodes)
+    return _best_on(model, cluster, training, cost, nodes, most_gpus)

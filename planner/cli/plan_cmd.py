@@ -6,6 +6,7 @@ The table and progress bar go to stderr; `--json` prints the plan and the search
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def plan_command(
     cost = load_cost_model(profiles)
     if out is not None and (out / "plan.json").exists() and not force:
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
-    if json_out:
+    if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                         max_blocks=max_blocks)
     else:

@@ -155,7 +155,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 unsolved_sizes.add(b)
         microbatches = training.global_batch // b
         r_max = min(microbatches, sum(avail) // min(bt.gpus for bt in type_list))
-        rclasses = replica_classes(max(1, r_max))
+        # Exact coverage costs every replica count separately up to 8 (exactness); the blocks
+        # coverage groups them more coarsely (the bound absorbs the difference, see module doc).
+        rclasses = (replica_classes(max(1, r_max)) if provider.coverage == "exact"
+                    else replica_classes(max(1, r_max), exact_upto=2, ratio=1.4))
         for k, (lo, hi) in enumerate(rclasses):
             if time_limit is not None and time.perf_counter() - start > time_limit:
                 timed_out = True

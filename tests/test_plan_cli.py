@@ -1,0 +1,86 @@
+"""`hetplan plan`: searches, prints JSON on stdout only, writes plan.json safely, and the written plan
+re-scores to the same step time under `hetplan evaluate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER = str(REPO / "examples" / "tiny_cluster.yaml")
+PLAN = ["plan", CLUSTER, "--model", "tiny", "--global-batch", "8", "--micro-batches", "1,2"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_json_has_plan_bound_and_gap(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, *PLAN, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    pred = doc["plan"]["predicted"]
+    assert doc["plan"]["format"] == "hetplan.plan/v1"
+    for key in ("step_s", "tokens_per_s", "mfu", "lower_bound_s", "gap"):
+        assert key in pred
+    assert pred["lower_bound_s"] <= pred["step_s"]
+    assert pred["gap"] == pytest.approx(pred["step_s"] / pred["lower_bound_s"] - 1)
+    assert doc["search"]["coverage"] in ("exact", "blocks<=2")
+
+
+def test_plan_json_output_is_byte_identical_across_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    first = run(capsys, *PLAN, "--json")[1]
+    second = run(capsys, *PLAN, "--json")[1]
+    assert first == second
+
+
+def test_written_plan_reevaluates_to_the_same_step_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, *PLAN, "--out", str(tmp_path / "run"), "--json")
+    assert code == 0, err
+    planned = json.loads(out)["plan"]["predicted"]["step_s"]
+    plan_file = tmp_path / "run" / "plan.json"
+    assert plan_file.is_file()
+    code, out, err = run(capsys, "evaluate", str(plan_file), "--cluster", CLUSTER, "--json")
+    assert code == 0, err
+    assert json.loads(out)["step_s"] == pytest.approx(planned, rel=1e-12)
+
+
+def test_out_directory_is_not_overwritten_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    (out_dir / "plan.json").write_text("keep me\n")
+    code, out, err = run(capsys, *PLAN, "--out", str(out_dir))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--out" in err and "--force" in err
+    assert (out_dir / "plan.json").read_text() == "keep me\n"
+    code, _, err = run(capsys, *PLAN, "--out", str(out_dir), "--force")
+    assert code == 0, err
+    assert json.loads((out_dir / "plan.json").read_text())["format"] == "hetplan.plan/v1"
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--recompute", "sometimes"], "--recompute"),
+    (["--solver", "gurobi"], "solver"),
+    (["--micro-batches", "3"], "global_batch"),
+])
+def test_plan_bad_input_is_one_line_exit_2(args: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", CLUSTER, "--model", "tiny", "--global-batch", "8"]
+    code, out, err = run(capsys, *base, *args)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and field in err, err
+
+
+def test_plan_for_a_model_that_fits_nowhere_says_how_much_memory(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "t4.yaml"
+    cluster.write_text("nodes:\n  - {gpu: T4, nodes: 1, gpus_per_node: 1}\n")
+    code, out, err = run(capsys, "plan", str(cluster), "--model", "llama3-70b", "--global-batch", "8",
+                         "--seq", "1024")
+    assert code == 2 and out == ""
+    assert "GiB" in err and "per GPU" in err, err
