@@ -26,9 +26,10 @@ PROFILES_OPT = typer.Option(None, "--profiles", help="folder of measured layer p
 JSON_OPT = typer.Option(False, "--json", help="print JSON on stdout instead of tables")
 
 
-def load_cost_model(profiles: Path | None) -> CostModel:
+def load_cost_model(profiles: Path | None, measured_only: bool = False) -> CostModel:
     """The analytic model, or measured profiles from `profiles` with the analytic model as fallback
-    (the profile module is imported only when asked for)."""
+    (none with `measured_only`: unmeasured points are then errors, and the search skips them).
+    The profile module is imported only when asked for."""
     if profiles is None:
         return AnalyticCostModel()
     try:
@@ -36,7 +37,7 @@ def load_cost_model(profiles: Path | None) -> CostModel:
     except ImportError:
         raise HetplanError("--profiles", "measured profiles are not supported by this install "
                                          "(planner.costmodel.profile is missing)") from None
-    return MeasuredCostModel.from_dir(profiles, fallback=AnalyticCostModel())
+    return MeasuredCostModel.from_dir(profiles, fallback=None if measured_only else AnalyticCostModel())
 
 
 def report_fallbacks(cost: CostModel) -> None:

@@ -71,6 +71,8 @@ def plan_command(
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
     profiles: Path | None = PROFILES_OPT,
+    measured_only: bool = typer.Option(False, "--measured-only",
+                                       help="with --profiles: plan only with measured points (no analytic fallback)"),
     out: Path | None = typer.Option(None, "--out", help="write DIR/plan.json"),
     force: bool = typer.Option(False, "--force", help="replace an existing DIR/plan.json"),
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of tables"),
@@ -84,7 +86,9 @@ def plan_command(
         raise HetplanError("--recompute", f"unknown mode(s) {bad or modes}: use none, selective, full")
     training = TrainingSpec(global_batch=global_batch, seq_len=seq or spec.seq_len, zero=zero,
                             recompute=modes, micro_batches=_int_list(micro_batches, "--micro-batches"))
-    cost = load_cost_model(profiles)
+    if measured_only and profiles is None:
+        raise HetplanError("--measured-only", "needs --profiles DIR")
+    cost = load_cost_model(profiles, measured_only)
     if out is not None and (out / "plan.json").exists() and not force:
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
@@ -98,7 +102,12 @@ def plan_command(
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                             max_blocks=max_blocks,
                             progress=lambda f, msg: bar.update(task, completed=f, description=msg))
-    report_fallbacks(cost)
+    if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
+        from planner.evaluate import evaluate
+
+        fresh = load_cost_model(profiles, measured_only)
+        evaluate(result.plan, cluster, fresh, check=False)
+        report_fallbacks(fresh)
     plan_text = result.plan.to_json()
     written = write_plan_file(out, plan_text, force) if out is not None else None
     if json_out:

@@ -94,12 +94,28 @@ def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: in
         avail=np.array(avail, dtype=np.int64), microbatches=microbatches, replicas=replicas)
 
 
+def _costable(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
+              shapes: list, micro_batch: int) -> list:
+    """Shapes the cost model can cost. A strict measured-profile model raises for points it has not
+    measured; those shapes are left out of the search rather than guessed."""
+    out = []
+    for shape in shapes:
+        try:
+            cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
+                                           shape.recompute, training.seq_len), model, training)
+        except HetplanError:
+            continue
+        out.append(shape)
+    return out
+
+
 def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
            micro_batch: int) -> float:
     n = model.num_layer_slots
     work = np.full((n, len(classes)), np.inf)
     for rc in classes:
-        for shape in stage_shapes(model, training, rc, micro_batch):
+        for shape in _costable(cost, model, training, rc, stage_shapes(model, training, rc, micro_batch),
+                               micro_batch):
             table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
                                                    shape.recompute, training.seq_len), model, training)
             w = (table.fwd_s + table.bwd_s) * shape.gpus
@@ -134,11 +150,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
     overhead = cost.knobs.step_overhead_s
     for bi, b in enumerate(sizes):
-        if time_limit is not None and time.perf_counter() - start > time_limit:
+        if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
             timed_out = True
             unsolved_sizes.add(b)
             continue
-        shapes = {rc.index: stage_shapes(model, training, rc, b) for rc in classes}
+        shapes = {rc.index: _costable(cost, model, training, rc, stage_shapes(model, training, rc, b), b)
+                  for rc in classes}
         types = block_types(shapes)
         if not types:
             continue
@@ -147,7 +164,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         if count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
             provider = ExactProvider(*args)
         else:
-            deadline = None if time_limit is None else start + time_limit
+            # leave the assignment problems part of the remaining time
+            deadline = None if time_limit is None else time.perf_counter() + 0.5 * max(
+                0.0, start + time_limit - time.perf_counter()) / (len(sizes) - bi)
             provider = BlocksProvider(*args, max_blocks=max_blocks, deadline=deadline)
             coverage = provider.coverage
             if provider.truncated:
@@ -160,7 +179,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         rclasses = (replica_classes(max(1, r_max)) if provider.coverage == "exact"
                     else replica_classes(max(1, r_max), exact_upto=2, ratio=1.4))
         for k, (lo, hi) in enumerate(rclasses):
-            if time_limit is not None and time.perf_counter() - start > time_limit:
+            if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
                 timed_out = True
                 unsolved_sizes.add(b)
                 break

@@ -101,7 +101,8 @@ def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
                 used[bt.cls] -= count * bt.gpus
 
     walk([], [0] * len(avail), 0, None)
-    return out
+    # homogeneous pipelines first, shortest first: a deadline keeps the most useful ones
+    return sorted(out, key=lambda sk: (len({bt for bt in sk}), len(sk), sk))
 
 
 def _memory_binds(positions: list[StageOptions]) -> bool:
