@@ -26,18 +26,26 @@ PROFILES_OPT = typer.Option(None, "--profiles", help="folder of measured layer p
 JSON_OPT = typer.Option(False, "--json", help="print JSON on stdout instead of tables")
 
 
-def load_cost_model(profiles: Path | None, measured_only: bool = False) -> CostModel:
+KNOBS_OPT = typer.Option(None, "--knobs", help="knob file from `hetplan calibrate` (default: packaged)")
+
+
+def load_cost_model(profiles: Path | None, measured_only: bool = False, knobs_file: Path | None = None) -> CostModel:
     """The analytic model, or measured profiles from `profiles` with the analytic model as fallback
     (none with `measured_only`: unmeasured points are then errors, and the search skips them).
     The profile module is imported only when asked for."""
+    knobs = None
+    if knobs_file is not None:
+        from planner.costmodel.knobs import load_knobs
+
+        knobs = load_knobs(knobs_file)
     if profiles is None:
-        return AnalyticCostModel()
+        return AnalyticCostModel(knobs)
     try:
         from planner.costmodel.profile import MeasuredCostModel  # type: ignore[import-not-found]
     except ImportError:
         raise HetplanError("--profiles", "measured profiles are not supported by this install "
                                          "(planner.costmodel.profile is missing)") from None
-    return MeasuredCostModel.from_dir(profiles, fallback=None if measured_only else AnalyticCostModel())
+    return MeasuredCostModel.from_dir(profiles, fallback=None if measured_only else AnalyticCostModel(knobs))
 
 
 def report_fallbacks(cost: CostModel) -> None:
@@ -71,11 +79,12 @@ def evaluate_plan(
     plan_path: Path = PLAN_ARG,
     cluster_path: Path = CLUSTER_OPT,
     profiles: Path | None = PROFILES_OPT,
+    knobs: Path | None = KNOBS_OPT,
     json_out: bool = JSON_OPT,
 ) -> None:
     """Validate a plan (every rule, memory included) and score it, stage by stage."""
     plan, cluster = _load(plan_path, cluster_path)
-    cost = load_cost_model(profiles)
+    cost = load_cost_model(profiles, knobs_file=knobs)
     found = violations(plan, cluster, cost)
     if found:
         v = found[0]

@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.cli.estimate",
     "planner.cli.evaluate_cmd",
     "planner.cli.plan_cmd",
+    "planner.cli.calibrate_cmd",
 )
 
 

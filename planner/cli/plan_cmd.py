@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from planner.cli.evaluate_cmd import PROFILES_OPT, _stage_rows, load_cost_model, report_fallbacks
+from planner.cli.evaluate_cmd import KNOBS_OPT, PROFILES_OPT, _stage_rows, load_cost_model, report_fallbacks
 from planner.cli.output import err_console, key_values, print_json, show, table
 from planner.errors import HetplanError
 from planner.search import SearchResult, search
@@ -71,6 +71,7 @@ def plan_command(
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
     profiles: Path | None = PROFILES_OPT,
+    knobs: Path | None = KNOBS_OPT,
     measured_only: bool = typer.Option(False, "--measured-only",
                                        help="with --profiles: plan only with measured points (no analytic fallback)"),
     out: Path | None = typer.Option(None, "--out", help="write DIR/plan.json"),
@@ -88,7 +89,7 @@ def plan_command(
                             recompute=modes, micro_batches=_int_list(micro_batches, "--micro-batches"))
     if measured_only and profiles is None:
         raise HetplanError("--measured-only", "needs --profiles DIR")
-    cost = load_cost_model(profiles, measured_only)
+    cost = load_cost_model(profiles, measured_only, knobs)
     if out is not None and (out / "plan.json").exists() and not force:
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
@@ -105,7 +106,7 @@ def plan_command(
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate
 
-        fresh = load_cost_model(profiles, measured_only)
+        fresh = load_cost_model(profiles, measured_only, knobs)
         evaluate(result.plan, cluster, fresh, check=False)
         report_fallbacks(fresh)
     plan_text = result.plan.to_json()
