@@ -1,6 +1,6 @@
 """How the search scales with the pool: a ladder of mixed pools from 8 to 16384 GPUs.
 
-    python benchmarks/search_scale.py [--model llama2-13b] [--time-limit 120] [--max-gpus 256]
+    python benchmarks/search_scale.py [--model llama2-13b] [--time-limit 120] [--min-gpus 8] [--max-gpus 256]
                                       [--hard-timeout S] [--csv out.csv] [--markdown]
 
 Pools mix three GPU types up to 64 GPUs (A100-80, H100, V100-32 in proportions 3:2:2) and four above
@@ -125,12 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=120.0, help="seconds, passed to search")
     ap.add_argument("--hard-timeout", type=float, default=None, help="kill a rung after this many seconds")
     ap.add_argument("--max-gpus", type=int, default=max(LADDER))
+    ap.add_argument("--min-gpus", type=int, default=min(LADDER), help="skip smaller rungs")
     ap.add_argument("--csv", type=Path, default=None)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     hard = args.hard_timeout or 3 * args.time_limit + 60
     rows = []
-    for gpus in (g for g in LADDER if g <= args.max_gpus):
+    for gpus in (g for g in LADDER if args.min_gpus <= g <= args.max_gpus):
         row = run_isolated(gpus, args.model, args.seq_len, args.time_limit, hard)
         rows.append(row)
         print(f"# {gpus} GPUs done: {row.get('status')} in {row.get('search_s', 0):.1f} s", file=sys.stderr, flush=True)
