@@ -206,29 +206,19 @@ def _collapse(p: AssignProblem, caps: np.ndarray, groups: _Groups) -> np.ndarray
     return out
 
 
-def _lp_capacity(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> float:
-    """LP relaxation of the capacity problem (GLOP): an upper bound on what any copy counts reach."""
-    from ortools.linear_solver import pywraplp
-
-    idx = np.flatnonzero((caps > 0) & (ub > 0))
-    solver = pywraplp.Solver.CreateSolver("GLOP")
-    n = [solver.NumVar(0.0, float(ub[i]), "") for i in idx]
-    for k in range(p.usage.shape[1]):
-        coeffs = [(v, float(p.usage[i, k])) for v, i in zip(n, idx) if p.usage[i, k]]
-        if coeffs:
-            solver.Add(sum(c * v for v, c in coeffs) <= float(p.avail[k]))
-    solver.Add(sum(n) <= float(min(p.replicas[1], p.microbatches)))
-    solver.Maximize(sum(float(caps[i]) * v for v, i in zip(n, idx)))
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:
-        return float("inf")
-    return solver.Objective().Value()
-
-
 def _greedy(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> np.ndarray | None:
-    """A quick feasible answer: templates by capacity per GPU, as many copies as fit."""
+    """A quick feasible answer: templates by capacity per GPU (or, when few pipelines are allowed,
+    by capacity per copy), as many copies as fit."""
     gpus = p.usage.sum(axis=1)
-    order = sorted((i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0),
-                   key=lambda i: (-caps[i] / gpus[i], gpus[i], i))
+    live = [i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0]
+    for key in ((lambda i: (-caps[i] / gpus[i], gpus[i], i)), (lambda i: (-caps[i], gpus[i], i))):
+        found = _greedy_in_order(p, caps, ub, sorted(live, key=key))
+        if found is not None:
+            return found
+    return None
+
+
+def _greedy_in_order(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, order: list[int]) -> np.ndarray | None:
     left = p.avail.copy()
     counts = np.zeros(len(caps), dtype=np.int64)
     total_cap, copies = 0, 0
@@ -245,14 +235,30 @@ def _greedy(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> np.ndarray | 
 
 
 def _surely_infeasible(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> bool:
-    """Capacity bounds: per GPU (charging each copy's microbatches to its GPUs) and per copy."""
+    """Capacity bounds from feasible duals of the LP relaxation: a price y_c per GPU of class c (and
+    z per copy) with usage_t·y + z >= cap_t for every template bounds the capacity by
+    avail·y + R·z. Tried: per-class prices from single-class templates (scaled up until mixed ones
+    are covered), one price for every GPU, and a price per copy alone."""
     live = (caps > 0) & (ub > 0)
     if not live.any():
         return True
-    gpus = p.usage.sum(axis=1)
-    per_gpu = float(np.max(caps[live] / gpus[live])) * float(p.avail.sum())
-    per_copy = int(np.max(caps[live])) * min(p.replicas[1], p.microbatches)
-    return min(per_gpu, per_copy) < p.microbatches
+    usage = p.usage[live].astype(float)
+    cap = caps[live].astype(float)
+    gpus = usage.sum(axis=1)
+    copies = min(p.replicas[1], p.microbatches)
+    bounds = [float(np.max(cap / gpus)) * float(p.avail.sum()), float(np.max(cap)) * copies]
+    single = (usage > 0).sum(axis=1) == 1
+    y = np.zeros(usage.shape[1])
+    for c in range(usage.shape[1]):
+        on_c = single & (usage[:, c] > 0)
+        if on_c.any():
+            y[c] = float(np.max(cap[on_c] / usage[on_c, c]))
+    covered = usage @ y
+    need = np.where(covered > 0, cap / np.maximum(covered, 1e-300), np.inf)
+    scale = float(np.max(need))
+    if np.isfinite(scale):
+        bounds.append(float(p.avail @ (y * max(1.0, scale))))
+    return min(bounds) < p.microbatches
 
 
 def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_limit_s: float | None,
@@ -267,8 +273,6 @@ def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_l
     quick = _greedy(p, caps, ub)
     if quick is not None:
         return quick
-    if _lp_capacity(p, caps, ub) < p.microbatches - 1e-6:
-        return None
     if backend == "cpsat":
         return _feasible_cpsat(p, caps, ub, time_limit_s, stats)
     return _feasible_pulp(p, caps, ub, time_limit_s, stats, backend)
