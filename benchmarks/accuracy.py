@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.calibrate import (Measurement, fit_knobs, load_measurements, msle, predict_row,  # noqa: E402
-                               write_knobs)
+from planner.calibrate import Measurement, load_measurements, predict_row  # noqa: E402
+from planner.knob_fit import fit_knobs, msle, write_knobs  # noqa: E402
 from planner.costmodel.knobs import Knobs, default_knobs, load_knobs  # noqa: E402
 
 PACKAGED_CSV = REPO / "planner" / "data" / "calibration_measurements.csv"
@@ -149,7 +149,7 @@ def fit_sailor(root: Path, knobs: Knobs, reference: str = "A100-SXM4-80GB") -> K
     then one speed factor r per other GPU type (same stack, same models), and the shipped efficiencies are the
     reference's step-time ones times r. Points more than 2.5x off a GPU's median ratio are left out as suspect
     (the data README warns about LLAMA-3-8 on A100-40)."""
-    from planner.calibrate import golden_section, set_knob
+    from planner.knob_fit import golden_section, set_knob
 
     if not root.is_dir():
         raise SystemExit(f"no Sailor profiles at {root}")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.calibrate import (fit_knobs, get_knob, load_measurements, predict_row, predict_step_s,
-                               read_measurements, set_knob, write_knobs)
+from planner.calibrate import load_measurements, predict_row, predict_step_s, read_measurements
+from planner.knob_fit import fit_knobs, get_knob, set_knob, write_knobs
 from planner.costmodel.knobs import Knobs, default_knobs, load_knobs
 from planner.errors import HetplanError
 

@@ -21,7 +21,8 @@ def calibrate_command(
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of a table"),
 ) -> None:
     """Fit a few shared knobs (never one per row) by least squares on log step time."""
-    from planner.calibrate import fit_knobs, load_measurements, predict_step_s, write_knobs
+    from planner.calibrate import load_measurements, predict_step_s
+    from planner.knob_fit import fit_knobs, write_knobs
     from planner.costmodel.knobs import default_knobs
 
     if out.exists() and not force:
