@@ -7,8 +7,7 @@ tokens/s per GPU or aggregate, iteration seconds), so model and measurement meet
 A row is evaluated as a Megatron uniform plan (`planner.uniform.uniform_plan`) scored by the one
 evaluator. Interleaved pipelines are scored as plain 1F1B (interleaving is not modelled yet).
 
-`fit_knobs` moves a handful of knobs shared by the whole file (never one per row) to minimise the
-mean squared log error, with a deterministic numpy-only coordinate descent (golden section per knob).
+Fitting the knobs to these rows lives in `planner.knob_fit`.
 """
 
 from __future__ import annotations
