@@ -126,7 +126,8 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
-           exact_limit: int = 200, top_k: int = 3, progress: Progress | None = None) -> SearchResult:
+           exact_limit: int = 200, exact_max_layers: int = 12, top_k: int = 3,
+           progress: Progress | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives."""
     start = time.perf_counter()
     cost = cost or AnalyticCostModel()
@@ -161,7 +162,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             continue
         type_list = list(types)
         args = (cost, model, training, classes, types, avail, b, cluster.single_node)
-        if count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
+        if n_slots <= exact_max_layers and count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
             provider = ExactProvider(*args)
         else:
             # leave the assignment problems part of the remaining time
