@@ -8,7 +8,13 @@ import re
 import pytest
 import yaml
 
-from planner.emit.flagscale import flagscale_config, flagscale_yaml, hetero_section, hostfile, meshes
+from planner.emit.flagscale import (
+    flagscale_config,
+    flagscale_yaml,
+    hetero_section,
+    hostfile,
+    meshes,
+)
 from planner.emit.megatron import launch_scripts, layout_string, megatron_args
 from planner.emit.placement import node_order, rank_order
 from planner.emit.rankmap import rank_map, rank_map_json

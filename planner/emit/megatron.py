@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import shlex
 
-from planner.emit.placement import RankInfo, node_order, rank_order, require_contiguous_nodes
+from planner.emit.placement import (
+    RankInfo,
+    node_order,
+    rank_order,
+    require_contiguous_nodes,
+)
 from planner.errors import HetplanError
 from planner.plan import Plan, Stage
 from planner.specs.cluster import ClusterSpec

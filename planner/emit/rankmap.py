@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from itertools import pairwise
 
 from planner.emit.placement import RankInfo, node_order, rank_order
 from planner.plan import Plan
@@ -33,7 +34,7 @@ def _layer_ranges(plan: Plan) -> list[tuple[int, int]]:
             cuts.add(stage.layers[0])
             cuts.add(stage.layers[1] + 1)
     edges = sorted(c for c in cuts if 0 <= c <= last + 1)
-    return [(a, b - 1) for a, b in zip(edges, edges[1:])]
+    return [(a, b - 1) for a, b in pairwise(edges)]
 
 
 def _dp_groups(plan: Plan, ranks: list[RankInfo]) -> list[dict]:

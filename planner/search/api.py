@@ -190,18 +190,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
             deadline = None if time_limit is None else start + time_limit
             problem_args = (avail, microbatches, (lo, hi))
+            unit = SolverStats()  # this class's flags; counts are added to `stats`
             sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
-                                   stats=stats, deadline=deadline) if plan_set else None
+                                   stats=unit, deadline=deadline) if plan_set else None
             explored["assignments"] += 1
             if lb_set is plan_set:
                 lb = sol
             else:
-                lb = solve_assignment(_problem(lb_set, *problem_args), solver, stats=stats,
-                                      deadline=deadline) if lb_set else None
-            if stats.truncated:
-                timed_out = True
-            if stats.timed_out:
-                timed_out = True
+                lb = solve_assignment(_problem(lb_set, *problem_args), solver, time_limit_s=remaining,
+                                      stats=unit, deadline=deadline) if lb_set else None
+            stats.ilp_solves += unit.ilp_solves
+            stats.feasibility_checks += unit.feasibility_checks
+            timed_out = timed_out or unit.truncated or unit.timed_out
+            if unit.timed_out:  # an ILP gave up: no claim for this class, the fluid bound covers it
                 unsolved_sizes.add(b)
             elif lb is not None and not getattr(provider, "truncated", False):
                 bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
