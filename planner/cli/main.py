@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.cli.evaluate_cmd",
     "planner.cli.plan_cmd",
     "planner.cli.calibrate_cmd",
+    "planner.cli.emit_cmd",
 )
 
 

@@ -1,0 +1,38 @@
+"""Emit targets, registered by name: each turns a valid plan into {relative file name: text}.
+
+Adding an engine is one entry in `EMITTERS`, never a branch in the CLI (torchtitan's habit).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from planner.emit import flagscale, megatron, rankmap
+from planner.plan import Plan
+from planner.specs.cluster import ClusterSpec
+
+Files = dict[str, str]
+
+
+def megatron_files(plan: Plan, cluster: ClusterSpec) -> Files:
+    out = {"megatron/args.txt": shlex.join(megatron.megatron_args(plan, cluster)) + "\n"}
+    for node, script in megatron.launch_scripts(plan, cluster).items():
+        out[f"megatron/launch_{node}.sh"] = script
+    return out
+
+
+def flagscale_files(plan: Plan, cluster: ClusterSpec) -> Files:
+    return {"flagscale/config.yaml": flagscale.flagscale_yaml(plan, cluster),
+            "flagscale/hostfile": flagscale.hostfile(plan, cluster)}
+
+
+def rankmap_files(plan: Plan, cluster: ClusterSpec) -> Files:
+    return {"rankmap.json": rankmap.rank_map_json(plan, cluster)}
+
+
+EMITTERS: dict[str, Callable[[Plan, ClusterSpec], Files]] = {
+    "megatron": megatron_files,
+    "flagscale": flagscale_files,
+    "rankmap": rankmap_files,
+}
