@@ -84,3 +84,21 @@ def test_plan_for_a_model_that_fits_nowhere_says_how_much_memory(tmp_path: Path,
                          "--seq", "1024")
     assert code == 2 and out == ""
     assert "GiB" in err and "per GPU" in err, err
+
+
+def test_target_megatron_plans_a_grid_megatron_can_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--target megatron keeps pipelines identical with one tp/cp, and the launch files are written."""
+    code, out, err = run(capsys, "plan", CLUSTER, "--model", "tiny", "--global-batch", "8",
+                         "--micro-batches", "1,2", "--target", "megatron", "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    pipes = doc["plan"]["pipelines"]
+    shapes = {(s["tp"], s["cp"], s["hp"], s["dp"], s["recompute"]) for p in pipes for s in p["stages"]}
+    assert len(shapes) == 1 and next(iter(shapes))[2:4] == (1, 1)
+    assert len({json.dumps([s["layers"] for s in p["stages"]]) for p in pipes}) == 1
+    assert len({p["microbatches"] for p in pipes}) == 1
+    assert (tmp_path / "megatron" / "args.txt").is_file()
+    assert doc["search"]["coverage"] == "megatron-grid"
+    # the unrestricted search is never slower than the best Megatron plan on the same pool
+    code, out, err = run(capsys, *PLAN, "--json")
+    assert json.loads(out)["plan"]["predicted"]["step_s"] <= doc["plan"]["predicted"]["step_s"] * (1 + 1e-9)

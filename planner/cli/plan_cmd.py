@@ -13,10 +13,10 @@ from typing import Any
 import typer
 
 from planner.cli.evaluate_cmd import KNOBS_OPT, PROFILES_OPT, _stage_rows, load_cost_model, report_fallbacks
-from planner.cli.output import err_console, key_values, print_json, show, table
+from planner.cli.output import err_console, key_values, print_json, show, table, warn
 from planner.errors import HetplanError
 from planner.search import SearchResult, search
-from planner.specs.cluster import load_cluster
+from planner.specs.cluster import ClusterSpec, load_cluster
 from planner.specs.models import load_model
 from planner.specs.training import TrainingSpec
 
@@ -59,6 +59,23 @@ def summary(result: SearchResult) -> dict[str, Any]:
     }
 
 
+def _launch_files(result: SearchResult, cluster: ClusterSpec, target: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Launch files of the target(s) for the chosen plan; with `any`, the reasons of those refused."""
+    from planner.emit.targets import EMITTERS
+
+    names = list(EMITTERS) if target == "any" else [target]
+    files: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            files.update(EMITTERS[name](result.plan, cluster))
+        except HetplanError as exc:
+            if target != "any":
+                raise
+            refused[name] = exc.reason
+    return files, refused
+
+
 def plan_command(
     cluster_path: Path = typer.Argument(..., metavar="CLUSTER.yaml", help="cluster YAML/JSON file"),
     model: str = typer.Option(..., "--model", help="catalog name or a YAML/JSON ModelSpec file"),
@@ -74,7 +91,9 @@ def plan_command(
     knobs: Path | None = KNOBS_OPT,
     measured_only: bool = typer.Option(False, "--measured-only",
                                        help="with --profiles: plan only with measured points (no analytic fallback)"),
-    out: Path | None = typer.Option(None, "--out", help="write DIR/plan.json"),
+    target: str | None = typer.Option(None, "--target", help="megatron, flagscale (search only plans that "
+                                      "engine runs) or any; with --out, also write the launch files"),
+    out: Path | None = typer.Option(None, "--out", help="write DIR/plan.json (and launch files with --target)"),
     force: bool = typer.Option(False, "--force", help="replace an existing DIR/plan.json"),
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of tables"),
 ) -> None:
@@ -94,14 +113,14 @@ def plan_command(
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                        max_blocks=max_blocks)
+                        max_blocks=max_blocks, target=target)
     else:
         from rich.progress import Progress
 
         with Progress(console=err_console(), transient=True) as bar:
             task = bar.add_task("searching", total=1.0)
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                            max_blocks=max_blocks,
+                            max_blocks=max_blocks, target=target,
                             progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate
@@ -110,12 +129,24 @@ def plan_command(
         evaluate(result.plan, cluster, fresh, check=False)
         report_fallbacks(fresh)
     plan_text = result.plan.to_json()
+    launch, refused = _launch_files(result, cluster, target) if target and out is not None else ({}, {})
+    clash = [n for n in launch if (out / n).exists()] if out is not None else []
+    if clash and not force:
+        raise HetplanError("--out", f"{out / clash[0]} exists (use --force to replace it)")
     written = write_plan_file(out, plan_text, force) if out is not None else None
+    for name, text in sorted(launch.items()):
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for name, reason in refused.items():
+        warn(f"{name}: {reason}")
     if json_out:
         import json
 
         print_json({"plan": json.loads(plan_text), "search": summary(result),
-                    "written": str(written) if written else None})
+                    "written": str(written) if written else None,
+                    "launch_files": sorted(str(out / n) for n in launch) if out is not None else [],
+                    "refused": refused})
         return
     pred = result.prediction
     show(

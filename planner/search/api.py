@@ -127,10 +127,17 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
            exact_limit: int = 200, exact_max_layers: int = 12, top_k: int = 3,
-           progress: Progress | None = None) -> SearchResult:
-    """Best plan, its prediction, a lower bound valid for the searched space, and alternatives."""
+           progress: Progress | None = None, target: str | None = None) -> SearchResult:
+    """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
+
+    `target="megatron"` (or "flagscale", searched in the same grid space for now) restricts the search
+    to plans that engine runs (`megatron_grid`)."""
     start = time.perf_counter()
     cost = cost or AnalyticCostModel()
+    if target in ("megatron", "flagscale"):
+        return _grid_search(model, cluster, training, cost, start)
+    if target not in (None, "any"):
+        raise HetplanError("target", f"unknown target '{target}' (megatron, flagscale, any)")
     if solver not in ("cpsat", "cbc", "highs"):
         raise HetplanError("solver", f"unknown solver '{solver}' (cpsat, cbc, highs)")
     if training.schedule != "1f1b":
@@ -243,6 +250,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
+
+
+def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
+                 start: float) -> SearchResult:
+    from planner.search.megatron_grid import best_megatron_plan
+
+    if not cluster.node_list:
+        raise InfeasibleError("cluster", "the cluster has no GPUs: nothing to plan")
+    found = best_megatron_plan(model, cluster, training, cost, micro_batch_sizes(training))
+    if found is None:
+        raise InfeasibleError("target", "no Megatron grid (identical pipelines, one tp/cp, Megatron rank "
+                              "order over the nodes in file order) fits this model on this cluster")
+    plan, pred = found
+    pred = pred.model_copy(update={"lower_bound_s": pred.step_s, "gap": 0.0})
+    plan = plan.model_copy(update={"predicted": pred})
+    used = sum(s.num_gpus for p in plan.pipelines for s in p.stages)
+    idle = dict(cluster.counts_by_type())
+    for p in plan.pipelines:
+        for s in p.stages:
+            idle[s.gpu] -= s.num_gpus
+    idle = {g: n for g, n in idle.items() if n}
+    stats = {"gpus_used": used, "search_s": time.perf_counter() - start}
+    return SearchResult(plan, pred, pred.step_s, 0.0, [], "megatron-grid", idle, _explain(plan, pred, idle), stats)
 
 
 def _alternatives(candidates: list[_Candidate], top_k: int) -> list[Plan]:
