@@ -11,7 +11,8 @@ Scenarios
 
 Baselines (benchmarks/baselines/megatron_uniform.py): the best Megatron grid over the whole pool (any
 prefix of the ranks: "uniform"; only grids using the most GPUs any valid grid can: "uniform-all") and
-the best grid on a single GPU type. Every plan is scored by the one evaluator, so the speed-up is
+the best grid on a single GPU type, all with an even layer split; and "Megatron+layout": the best
+Megatron grid with the layer split solved exactly (`hetplan plan --target megatron`). Every plan is scored by the one evaluator, so the speed-up is
 `baseline step / our step - 1` under that cost model.
 """
 
@@ -29,6 +30,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(REPO))
 
 from benchmarks.baselines.megatron_uniform import best_uniform_plan
+from planner.search.api import micro_batch_sizes
+from planner.search.megatron_grid import best_megatron_plan
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel
 from planner.costmodel.profile import MeasuredCostModel
@@ -38,7 +41,8 @@ from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.cluster import load_cluster
 from planner.specs.models import get_model
 
-FIELDS = ["scenario", "model", "cost", "ours_s", "uniform_s", "uniform_gpus", "uniform_all_s", "uniform_all_gpus",
+FIELDS = ["scenario", "model", "cost", "ours_s", "megatron_layout_s", "vs_megatron_layout_pct", "uniform_s",
+          "uniform_gpus", "uniform_all_s", "uniform_all_gpus",
           "single_s", "single_type", "vs_uniform_pct", "vs_uniform_all_pct", "vs_single_pct", "search_s", "gap_pct", "coverage", "timed_out", "ours_gpus", "status"]
 
 
@@ -85,6 +89,8 @@ def run(sc: Scenario, cost: CostModel, time_limit: float) -> dict:
     row["uniform_all_gpus"] = spread[0].num_gpus if spread else None
     row["single_s"] = single[1].step_s if single else None
     row["single_type"] = f"{single[0].num_gpus}x{single[0].pipelines[0].stages[0].gpu}" if single else None
+    grid = best_megatron_plan(model, sc.cluster, sc.training, cost, micro_batch_sizes(sc.training))
+    row["megatron_layout_s"] = grid[1].step_s if grid else None
     start = time.perf_counter()
     try:
         res = search(model, sc.cluster, sc.training, cost=cost, time_limit=time_limit)
@@ -92,6 +98,7 @@ def run(sc: Scenario, cost: CostModel, time_limit: float) -> dict:
         return {**row, "search_s": time.perf_counter() - start, "status": f"error: {exc}"}
     ours = res.prediction.step_s
     return {**row, "ours_s": ours, "vs_uniform_pct": _speedup_pct(row["uniform_s"], ours),
+            "vs_megatron_layout_pct": _speedup_pct(row["megatron_layout_s"], ours),
             "vs_uniform_all_pct": _speedup_pct(row["uniform_all_s"], ours),
             "vs_single_pct": _speedup_pct(row["single_s"], ours), "search_s": res.stats.get("search_s"),
             "gap_pct": 100 * res.gap, "coverage": res.coverage, "timed_out": res.timed_out,
@@ -109,14 +116,16 @@ def _pct(value: float | None) -> str:
 
 
 def table_lines(rows: list[dict], markdown: bool) -> list[str]:
-    head = ["scenario", "model", "cost", "ours s (GPUs)", "uniform s (GPUs)", "uniform-all s (GPUs)",
-            "single-type s", "vs uniform", "vs uniform-all", "vs single", "search s", "gap %", "coverage",
-            "timed out"]
+    head = ["scenario", "model", "cost", "ours s (GPUs)", "Megatron+layout s", "uniform s (GPUs)",
+            "uniform-all s (GPUs)", "single-type s", "vs Megatron+layout", "vs uniform", "vs uniform-all",
+            "vs single", "search s", "gap %", "coverage", "timed out"]
     body = [[r["scenario"], r["model"], r["cost"], f"{_fmt(r.get('ours_s'), '.3f')} ({_fmt(r.get('ours_gpus'))})",
+             _fmt(r.get("megatron_layout_s"), ".3f"),
              f"{_fmt(r.get('uniform_s'), '.3f')} ({_fmt(r.get('uniform_gpus'))})",
              f"{_fmt(r.get('uniform_all_s'), '.3f')} ({_fmt(r.get('uniform_all_gpus'))})",
              f"{_fmt(r.get('single_s'), '.3f')} ({_fmt(r.get('single_type'))})",
-             _pct(r.get("vs_uniform_pct")), _pct(r.get("vs_uniform_all_pct")), _pct(r.get("vs_single_pct")),
+             _pct(r.get("vs_megatron_layout_pct")), _pct(r.get("vs_uniform_pct")),
+             _pct(r.get("vs_uniform_all_pct")), _pct(r.get("vs_single_pct")),
              _fmt(r.get("search_s"), ".1f"), _fmt(r.get("gap_pct"), ".2f"), _fmt(r.get("coverage")),
              _fmt(r.get("timed_out")) if r.get("status") == "ok" else r.get("status", "")] for r in rows]
     if markdown:
