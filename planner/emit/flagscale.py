@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from planner.emit.placement import node_order, rank_order, require_contiguous_nodes
+from planner.emit.placement import node_order, pipeline_difference, rank_order, require_contiguous_nodes
 from planner.errors import HetplanError
 from planner.plan import Plan, Stage
 from planner.specs.cluster import ClusterSpec
@@ -52,20 +52,12 @@ def _decoders(plan: Plan, stage: Stage) -> int:
 
 def check_flagscale(plan: Plan) -> None:
     """Raise HetplanError('target', ...) naming the first rule FlagScale's hetero mode would break."""
-    if not plan.pipelines:
-        raise _refuse("the plan has no pipelines")
+    reason = pipeline_difference(plan)
+    if reason:
+        raise _refuse(reason)
     ref = plan.pipelines[0]
     for pi, pipe in enumerate(plan.pipelines):
-        if len(pipe.stages) != len(ref.stages):
-            raise _refuse(f"pipelines differ: pipeline {pi} has {len(pipe.stages)} stages, pipeline 0 has "
-                          f"{len(ref.stages)} (every mesh spans all replicas)")
-        if pipe.microbatches != ref.microbatches:
-            raise _refuse(f"pipelines differ: pipeline {pi} runs {pipe.microbatches} microbatches, pipeline 0 "
-                          f"runs {ref.microbatches} (FlagScale splits the batch evenly over mesh dp)")
         for si, (stage, base) in enumerate(zip(pipe.stages, ref.stages)):
-            if stage.layers != base.layers:
-                raise _refuse(f"pipelines differ: pipeline {pi} stage {si} holds layers {list(stage.layers)}, "
-                              f"pipeline 0 holds {list(base.layers)}")
             if _shape(stage) != _shape(base):
                 raise _refuse(f"pipelines differ: pipeline {pi} stage {si} is (gpu, tp, cp, dp) = "
                               f"{_shape(stage)}, pipeline 0 has {_shape(base)}")

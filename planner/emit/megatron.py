@@ -13,6 +13,7 @@ import shlex
 from planner.emit.placement import (
     RankInfo,
     node_order,
+    pipeline_difference,
     rank_order,
     require_contiguous_nodes,
 )
@@ -30,21 +31,10 @@ def _refuse(reason: str) -> HetplanError:
 
 def check_megatron(plan: Plan) -> None:
     """Raise HetplanError('target', ...) naming the first thing Megatron cannot express."""
-    if not plan.pipelines:
-        raise _refuse("the plan has no pipelines")
-    ref = plan.pipelines[0]
-    for pi, pipe in enumerate(plan.pipelines):
-        if len(pipe.stages) != len(ref.stages):
-            raise _refuse(f"pipelines differ: pipeline {pi} has {len(pipe.stages)} stages, pipeline 0 has "
-                          f"{len(ref.stages)}")
-        if pipe.microbatches != ref.microbatches:
-            raise _refuse(f"pipelines differ: pipeline {pi} runs {pipe.microbatches} microbatches, pipeline 0 "
-                          f"runs {ref.microbatches} (Megatron splits the batch evenly over dp)")
-        for si, (stage, base) in enumerate(zip(pipe.stages, ref.stages)):
-            if stage.layers != base.layers:
-                raise _refuse(f"pipelines differ: pipeline {pi} stage {si} holds layers {list(stage.layers)}, "
-                              f"pipeline 0 holds {list(base.layers)}")
-    first = ref.stages[0]
+    reason = pipeline_difference(plan)
+    if reason:
+        raise _refuse(reason)
+    first = plan.pipelines[0].stages[0]
     for pi, pipe in enumerate(plan.pipelines):
         for si, stage in enumerate(pipe.stages):
             where = f"pipeline {pi} stage {si}"

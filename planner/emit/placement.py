@@ -114,3 +114,22 @@ def require_contiguous_nodes(ranks: list[RankInfo], target: str) -> None:
                                    "node by node, so reorder the plan's devices")
             seen.add(r.node)
             prev = r.node
+
+
+def pipeline_difference(plan: Plan) -> str | None:
+    """Why the plan's pipelines are not identical replicas (stage count, microbatches, layer split),
+    or None. Engines that run one grid (Megatron, FlagScale meshes) need identical replicas."""
+    if not plan.pipelines:
+        return "the plan has no pipelines"
+    ref = plan.pipelines[0]
+    for pi, pipe in enumerate(plan.pipelines):
+        if len(pipe.stages) != len(ref.stages):
+            return f"pipelines differ: pipeline {pi} has {len(pipe.stages)} stages, pipeline 0 has {len(ref.stages)}"
+        if pipe.microbatches != ref.microbatches:
+            return (f"pipelines differ: pipeline {pi} runs {pipe.microbatches} microbatches, pipeline 0 runs "
+                    f"{ref.microbatches} (the batch is split evenly over data-parallel replicas)")
+        for si, (stage, base) in enumerate(zip(pipe.stages, ref.stages)):
+            if stage.layers != base.layers:
+                return (f"pipelines differ: pipeline {pi} stage {si} holds layers {list(stage.layers)}, "
+                        f"pipeline 0 holds {list(base.layers)}")
+    return None
