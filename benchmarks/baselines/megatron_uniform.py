@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from planner.costmodel.base import CostModel
 from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
+from planner.search.space import powers_of_two_upto
 from planner.specs.cluster import ClusterSpec, Node
 from planner.specs.gpus import resolve_gpu_name
 from planner.specs.models import ModelSpec
@@ -52,14 +53,6 @@ def _ranks(nodes: list[Node]) -> list[tuple[Node, int]]:
     return [(node, i) for node in nodes for i in range(node.gpus)]
 
 
-def _powers_of_two_upto(n: int) -> list[int]:
-    out, p = [], 1
-    while p <= n:
-        out.append(p)
-        p *= 2
-    return out
-
-
 def _groups_fit(ranks: list[tuple[Node, int]], tp: int, used: int) -> bool:
     """Every tp group of the first `used` ranks sits inside one node and tp divides that node's size."""
     for start in range(0, used, tp):
@@ -75,7 +68,7 @@ def grids(model: ModelSpec, training: TrainingSpec, ranks: list[tuple[Node, int]
     node_max = max((node.gpus for node, _ in ranks), default=0)
     micro = sorted(set(training.micro_batches or DEFAULT_MICRO_BATCHES))
     modes = [m for m in RECOMPUTE_ORDER if m in training.recompute]
-    for tp in _powers_of_two_upto(min(training.max_tp, node_max)):
+    for tp in powers_of_two_upto(min(training.max_tp, node_max)):
         if model.num_heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
             continue
         for pp in range(1, model.num_layers + 1):

@@ -18,19 +18,11 @@ from planner.errors import HetplanError
 from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
 from planner.search.options import OptionContext, build_options
-from planner.search.space import ResourceClass, StageShape
+from planner.search.space import ResourceClass, StageShape, powers_of_two_upto
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import split_frontier
-
-
-def _powers_of_two(limit: int) -> list[int]:
-    out, p = [], 1
-    while p <= limit:
-        out.append(p)
-        p *= 2
-    return out
 
 
 def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, n_nodes: int,
@@ -89,10 +81,10 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     best: tuple[Plan, Prediction] | None = None
     for n_nodes in range(1, len(cluster.node_list) + 1):
         node_cap = min(n.gpus for n in cluster.node_list[:n_nodes])
-        for tp in _powers_of_two(min(training.max_tp, node_cap)):
+        for tp in powers_of_two_upto(min(training.max_tp, node_cap)):
             if model.num_heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
                 continue
-            for cp in _powers_of_two(min(training.max_cp, node_cap // tp)):
+            for cp in powers_of_two_upto(min(training.max_cp, node_cap // tp)):
                 if training.seq_len % cp or node_cap % (tp * cp):
                     continue
                 for pp in range(1, model.num_layer_slots + 1):

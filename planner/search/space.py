@@ -72,7 +72,8 @@ def resource_classes(cluster: ClusterSpec) -> list[ResourceClass]:
     return [ResourceClass(i, d, n, tuple(gs)) for i, (d, n, gs) in enumerate(by_key.values())]
 
 
-def _powers_of_two_upto(n: int) -> list[int]:
+def powers_of_two_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to n: the degrees a node-local group can take."""
     out, p = [], 1
     while p <= n:
         out.append(p)
@@ -86,11 +87,11 @@ def stage_shapes(model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
     node = rc.dev.gpus_per_node
     seq = training.seq_len
     out = []
-    for tp in _powers_of_two_upto(min(training.max_tp, node)):
+    for tp in powers_of_two_upto(min(training.max_tp, node)):
         if model.kv_heads % tp or model.ffn_hidden % tp or model.num_heads % tp:
             continue
-        for cp in _powers_of_two_upto(min(training.max_cp, node // tp)):
-            for hp in _powers_of_two_upto(min(training.max_hp, node // (tp * cp))):
+        for cp in powers_of_two_upto(min(training.max_cp, node // tp)):
+            for hp in powers_of_two_upto(min(training.max_hp, node // (tp * cp))):
                 group = tp * cp * hp
                 if node % group or model.num_heads % (tp * hp) or seq % (cp * hp):
                     continue
