@@ -19,7 +19,6 @@ Megatron grid with the layer split solved exactly (`hetplan plan --target megatr
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(REPO))
 
 from benchmarks.baselines.megatron_uniform import best_uniform_plan
+from benchmarks.common import write_csv
 from planner.search.api import micro_batch_sizes
 from planner.search.megatron_grid import best_megatron_plan
 from planner.costmodel.analytic import AnalyticCostModel
@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speed-up = baseline step / our step - 1 (same evaluator); search time limit {args.time_limit:g} s")
     print("\n".join(table_lines(rows, args.markdown)))
     if args.csv:
-        with args.csv.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, FIELDS, rows)
     return 0
 
 

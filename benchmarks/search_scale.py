@@ -14,7 +14,6 @@ such rather than hidden.
 from __future__ import annotations
 
 import argparse
-import csv
 import multiprocessing as mp
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import write_csv
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import HetplanError
 from planner.search import search
@@ -138,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {args.model}, time limit {args.time_limit:g} s, analytic cost model")
     print("\n".join(table_lines(rows, args.markdown)))
     if args.csv:
-        with args.csv.open("w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.csv, FIELDS, rows)
     return 0
 
 
