@@ -29,8 +29,9 @@ def test_any_writes_what_can_run_and_names_what_cannot(tmp_path: Path, capsys: p
     assert code == 0, err
     doc = json.loads(out)
     assert [Path(p).name for p in doc["written"]] == ["rankmap.json"]
-    assert set(doc["refused"]) == {"megatron", "flagscale"}
-    assert all("pipelines differ" in reason for reason in doc["refused"].values())
+    assert set(doc["refused"]) == {"megatron", "flagscale", "torchtitan", "deepspeed", "slurm"}
+    assert all("pipelines differ" in reason for name, reason in doc["refused"].items() if name != "slurm")
+    assert "not contiguous" in doc["refused"]["slurm"]
 
 
 def test_uniform_plan_gets_megatron_and_flagscale_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,8 +43,11 @@ def test_uniform_plan_gets_megatron_and_flagscale_files(tmp_path: Path, capsys: 
     code, out, err = run(capsys, "emit", str(plan_file), "--cluster", A100, "--out", str(tmp_path / "o"), "--json")
     assert code == 0, err
     names = sorted(str(Path(p).relative_to(tmp_path / "o")) for p in json.loads(out)["written"])
-    assert names == ["flagscale/config.yaml", "flagscale/hostfile", "megatron/args.txt",
-                     "megatron/launch_node0.sh", "rankmap.json"]
+    assert names == ["deepspeed/ds_config.json", "deepspeed/hostfile", "deepspeed/launch.sh",
+                     "deepspeed/pipeline.json", "flagscale/config.yaml", "flagscale/hostfile", "megatron/args.txt",
+                     "megatron/launch_node0.sh", "rankmap.json", "slurm/job.sbatch", "slurm/node.sh",
+                     "slurm/rankmap.json", "slurm/torchrun_node0.sh", "torchtitan/launch_node0.sh",
+                     "torchtitan/overrides.txt"]
     args = (tmp_path / "o" / "megatron" / "args.txt").read_text().split()
     assert args[args.index("--tensor-model-parallel-size") + 1] == "2"
     assert args[args.index("--pipeline-model-parallel-size") + 1] == "2"

@@ -9,6 +9,9 @@ import shlex
 from collections.abc import Callable
 
 from planner.emit import flagscale, megatron, rankmap
+from planner.emit.deepspeed import deepspeed_files
+from planner.emit.slurm import slurm_files
+from planner.emit.torchtitan import torchtitan_files
 from planner.plan import Plan
 from planner.specs.cluster import ClusterSpec
 
@@ -35,4 +38,7 @@ EMITTERS: dict[str, Callable[[Plan, ClusterSpec], Files]] = {
     "megatron": megatron_files,
     "flagscale": flagscale_files,
     "rankmap": rankmap_files,
+    "torchtitan": torchtitan_files,
+    "deepspeed": deepspeed_files,
+    "slurm": slurm_files,
 }
