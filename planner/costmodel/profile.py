@@ -148,6 +148,15 @@ def load_profile(path: str | Path) -> Profile:
     return parse_model(Profile, load_document(p, "profile"), str(p))
 
 
+def _is_links_file(path: Path) -> bool:
+    try:
+        import json
+
+        return json.loads(path.read_text()).get("format") == "hetplan.links/v1"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_profiles(path: str | Path) -> list[Profile]:
     """Every *.json under a directory (recursively, sorted) or one file; one profile per (gpu, model)."""
     root = Path(path)
@@ -160,6 +169,8 @@ def load_profiles(path: str | Path) -> list[Profile]:
     seen: dict[tuple[str, str], Path] = {}
     out = []
     for f in files:
+        if root.is_dir() and _is_links_file(f):  # `hetplan profile-links` output: not a layer profile
+            continue
         prof = load_profile(f)
         key = (prof.gpu, prof.model)
         if key in seen:
@@ -309,7 +320,8 @@ class MeasuredCostModel:
             if isinstance(point, str):
                 continue
             i = layer.index
-            fwd[i], bwd[i], measured[i] = point.fwd_s, point.bwd_s, True
+            # a modelled profile (e.g. profiles/analytic) is used like a measured one but not reported as measured
+            fwd[i], bwd[i], measured[i] = point.fwd_s, point.bwd_s, profile is None or profile.source == "measured"
             if point.param_bytes is not None and profile is not None:
                 params[i] = point.param_bytes / DTYPE_BYTES[profile.dtype]
             if point.act_bytes is not None:
