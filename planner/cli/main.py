@@ -31,6 +31,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.cli.plan_cmd",
     "planner.cli.calibrate_cmd",
     "planner.cli.emit_cmd",
+    "planner.cli.explain_cmd",
+    "planner.cli.profile_cmd",
 )
 
 
