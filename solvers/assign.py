@@ -210,7 +210,7 @@ def _greedy(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> np.ndarray | 
     """A quick feasible answer: templates by capacity per GPU (or, when few pipelines are allowed,
     by capacity per copy), as many copies as fit."""
     gpus = p.usage.sum(axis=1)
-    live = [i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0]
+    live = np.flatnonzero((caps > 0) & (ub > 0)).tolist()
     for key in ((lambda i: (-caps[i] / gpus[i], gpus[i], i)), (lambda i: (-caps[i], gpus[i], i))):
         found = _greedy_in_order(p, caps, ub, sorted(live, key=key))
         if found is not None:
@@ -224,11 +224,17 @@ def _greedy_in_order(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, order: 
     total_cap, copies = 0, 0
     limit = min(p.replicas[1], p.microbatches)
     for i in order:
-        while copies < limit and total_cap < p.microbatches and counts[i] < ub[i] and np.all(p.usage[i] <= left):
-            left -= p.usage[i]
-            counts[i] += 1
-            copies += 1
-            total_cap += int(caps[i])
+        if copies >= limit or total_cap >= p.microbatches:
+            break
+        use = p.usage[i]
+        fit = int(np.min(left[use > 0] // use[use > 0])) if np.any(use > 0) else limit
+        need = -(-(p.microbatches - total_cap) // int(caps[i]))
+        take = max(0, min(fit, int(ub[i]), limit - copies, need))
+        if take:
+            left -= take * use
+            counts[i] += take
+            copies += take
+            total_cap += take * int(caps[i])
     if total_cap >= p.microbatches and copies >= p.replicas[0]:
         return counts
     return None

@@ -140,10 +140,11 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
 
 
 def pareto_ac(points: list[Split]) -> list[Split]:
-    """Drop splits dominated in (A, C); keep the first of equal pairs."""
+    """Drop splits dominated in (A, C); keep the first of equal pairs. A within 1e-12 relative
+    counts as equal (sums of the same stage costs in another order differ in the last bits)."""
     keep: list[Split] = []
     for p in sorted(points, key=lambda p: (p.c_s, p.a_s)):
-        if not keep or p.a_s < keep[-1].a_s:
+        if not keep or p.a_s < keep[-1].a_s * (1 - 1e-12):
             keep.append(p)
     return keep
 

@@ -30,11 +30,12 @@ from planner.search.bounds import fluid_bound_s
 from planner.search.placement import build_plan
 from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
-from planner.search.templates import Template, count_sequences
+from planner.search.templates import Template, count_sequences, count_two_run_skeletons
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.assign import BIG_M, AssignProblem, SolverStats, solve_assignment
+from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
+from solvers.assign_lp import pipeline_time_bound, solve_assignment_lp
 
 Progress = Callable[[float, str], None]
 
@@ -127,9 +128,15 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
-           exact_limit: int = 200, exact_max_layers: int = 12, top_k: int = 3,
+           exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, top_k: int = 3,
            progress: Progress | None = None, target: str | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
+
+    Coverage per microbatch size: "exact" when the model has at most `exact_max_layers` slots and
+    there are at most `exact_limit` ordered group sequences; else pipelines of up to `max_blocks`
+    runs of identical groups when that lists at most `mixed_limit` two-run skeletons, else
+    homogeneous pipelines (one group type each; pipelines still differ from each other). The result's
+    coverage is the narrowest one used.
 
     `target="megatron"` (or "flagscale", searched in the same grid space for now) restricts the search
     to plans that engine runs (`megatron_grid`)."""
@@ -153,11 +160,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     stats = SolverStats()
     candidates: list[_Candidate] = []
     bounds: list[float] = []
-    coverage = "exact"
+    coverages: set[str] = set()
     timed_out = False
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
     overhead = cost.knobs.step_overhead_s
+    providers: list = []
+    pending: list[_Unit] = []
+    ctx = _Context(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
     for bi, b in enumerate(sizes):
         if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
             timed_out = True
@@ -173,53 +183,52 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         if n_slots <= exact_max_layers and count_sequences(type_list, avail, n_slots, exact_limit) <= exact_limit:
             provider = ExactProvider(*args)
         else:
-            # leave the assignment problems part of the remaining time
-            deadline = None if time_limit is None else time.perf_counter() + 0.5 * max(
-                0.0, start + time_limit - time.perf_counter()) / (len(sizes) - bi)
-            provider = BlocksProvider(*args, max_blocks=max_blocks, deadline=deadline)
-            coverage = provider.coverage
-            if provider.truncated:
-                timed_out = True
-                unsolved_sizes.add(b)
+            # the frontier enumeration stops at 80 % of the time limit (what it skipped is then
+            # covered by the fluid bound); protos are built when a unit of this size is solved
+            deadline = None if time_limit is None else start + 0.8 * time_limit
+            blocks = max_blocks if count_two_run_skeletons(type_list, avail, n_slots) <= mixed_limit else 1
+            provider = BlocksProvider(*args, max_blocks=min(max_blocks, blocks), deadline=deadline)
+        coverages.add(provider.coverage)
+        providers.append(provider)
         microbatches = training.global_batch // b
         r_max = min(microbatches, sum(avail) // min(bt.gpus for bt in type_list))
         # Exact coverage costs every replica count separately up to 8 (exactness); the blocks
         # coverage groups them more coarsely (the bound absorbs the difference, see module doc).
-        rclasses = (replica_classes(max(1, r_max)) if provider.coverage == "exact"
-                    else replica_classes(max(1, r_max), exact_upto=2, ratio=1.4))
-        for k, (lo, hi) in enumerate(rclasses):
+        exact = provider.coverage == "exact"
+        rclasses = (replica_classes(max(1, r_max)) if exact
+                    else replica_classes(max(1, r_max), exact_upto=2, ratio=2.0))
+        units = [_Unit(b, provider, lo, hi, microbatches) for lo, hi in rclasses]
+        if not exact:  # large pools: solved best-first across microbatch sizes, below
+            pending.extend(units)
+            continue
+        for k, u in enumerate(units):
             if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
                 timed_out = True
                 unsolved_sizes.add(b)
                 break
             if progress:
-                progress((bi + k / len(rclasses)) / len(sizes), f"micro_batch {b}, pipelines {lo}-{hi}")
-            plan_set, lb_set = provider.templates(lo, hi)
-            remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
-            deadline = None if time_limit is None else start + time_limit
-            problem_args = (avail, microbatches, (lo, hi))
-            unit = SolverStats()  # this class's flags; counts are added to `stats`
-            sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
-                                   stats=unit, deadline=deadline) if plan_set else None
-            explored["assignments"] += 1
-            if lb_set is plan_set:
-                lb = sol
-            else:
-                lb = solve_assignment(_problem(lb_set, *problem_args), solver, time_limit_s=remaining,
-                                      stats=unit, deadline=deadline) if lb_set else None
-            stats.ilp_solves += unit.ilp_solves
-            stats.feasibility_checks += unit.feasibility_checks
-            timed_out = timed_out or unit.truncated or unit.timed_out
-            if unit.timed_out:  # an ILP gave up: no claim for this class, the fluid bound covers it
-                unsolved_sizes.add(b)
-            elif lb is not None and not getattr(provider, "truncated", False):
-                bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
-            if sol is None:
+                progress((bi + k / len(units)) / len(sizes), f"micro_batch {b}, pipelines {u.lo}-{u.hi}")
+            timed_out = _solve_unit(u, ctx, solver, start, time_limit) or timed_out
+    if pending:
+        # Best-first: each unit's least pipeline time with no tails (one LP per bisection step) bounds
+        # every plan in it; units are solved in that order until none can beat the best plan found.
+        keyed = sorted(((_cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),
+                       key=lambda x: (x[0], x[1]))
+        for k, (cheap, _, u) in enumerate(keyed):
+            if cheap is None:
                 continue
-            chosen = [(plan_set[t], sol.microbatches[t]) for t in range(len(plan_set)) if sol.counts[t]]
-            plan = build_plan(model, training, cluster, classes, b, chosen)
-            pred = evaluate(plan, cluster, cost)
-            candidates.append(_Candidate(pred.step_s, plan, pred, b))
+            incumbent = min((c.step_s for c in candidates), default=None)
+            if incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
+                _skip(keyed[k:], overhead, ctx)
+                break
+            if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
+                timed_out = True
+                _skip(keyed[k:], overhead, ctx)
+                break
+            if progress:
+                progress(k / len(keyed), f"micro_batch {u.b}, pipelines {u.lo}-{u.hi}")
+            timed_out = _solve_unit(u, ctx, solver, start, time_limit) or timed_out
+    for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
         explored["templates"] += provider.stats.templates
         explored["templates_pruned"] += provider.stats.pruned
@@ -250,7 +259,111 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     explanation = _explain(plan, pred, idle)
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
+    coverage = next(c for c in ("blocks<=1", "blocks<=2", "exact") if c in coverages) if coverages else "exact"
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """One microbatch size and one replica class [lo, hi]: one assignment problem (two with ZeRO)."""
+
+    b: int
+    provider: object
+    lo: int
+    hi: int
+    microbatches: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    classes: list[ResourceClass]
+    cost: CostModel
+    avail: tuple[int, ...]
+    candidates: list[_Candidate]  # appended to
+    bounds: list[float]  # appended to
+    unsolved_sizes: set[int]  # added to
+    stats: SolverStats
+    explored: dict[str, int]
+
+
+def _skip(keyed: list[tuple[float | None, int, _Unit]], overhead: float, ctx: _Context) -> None:
+    """Units left unsolved: their cheap bound stands, unless their frontier was cut short (then
+    the fluid bound covers their microbatch size)."""
+    for cheap, _, u in keyed:
+        if getattr(u.provider, "truncated", False):
+            ctx.unsolved_sizes.add(u.b)
+        elif cheap is not None:
+            ctx.bounds.append(cheap + overhead)
+
+
+def _cheap_bound(u: _Unit, avail: tuple[int, ...], stats: SolverStats) -> float | None:
+    """Least pipeline time of the unit's bound templates with their tails dropped (LP), or None."""
+    zero = u.provider.relaxed_templates()
+    if not zero:
+        return None
+    return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats)
+
+
+def _solve_unit(u: _Unit, ctx: _Context, solver: str, start: float, time_limit: float | None) -> bool:
+    """Solve one unit, adding its plan (if any) and bound to the context; True if it timed out."""
+    provider = u.provider
+    overhead = ctx.cost.knobs.step_overhead_s
+    plan_set, lb_set = provider.templates(u.lo, u.hi)
+    problem_args = (ctx.avail, u.microbatches, (u.lo, u.hi))
+    unit = SolverStats()  # this unit's flags; counts are added to ctx.stats
+    if provider.coverage == "exact":
+        sol, lb = _solve_exact(plan_set, lb_set, problem_args, solver, start, time_limit, unit)
+    else:
+        incumbent = min((c.step_s for c in ctx.candidates), default=None)
+        sol, lb = _solve_lp(plan_set, lb_set, problem_args, None if incumbent is None
+                            else incumbent - overhead, start, time_limit, unit)
+    ctx.explored["assignments"] += 1
+    ctx.stats.ilp_solves += unit.ilp_solves
+    ctx.stats.feasibility_checks += unit.feasibility_checks
+    if unit.timed_out or getattr(provider, "truncated", False):
+        # an ILP gave up or the frontier was cut short: no claim here, the fluid bound covers it
+        ctx.unsolved_sizes.add(u.b)
+    elif lb is not None and not getattr(provider, "truncated", False):
+        ctx.bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
+    if sol is not None and any(sol.counts):
+        chosen = [(plan_set[t], sol.microbatches[t]) for t in range(len(plan_set)) if sol.counts[t]]
+        plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, u.b, chosen)
+        pred = evaluate(plan, ctx.cluster, ctx.cost)
+        ctx.candidates.append(_Candidate(pred.step_s, plan, pred, u.b))
+    return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
+
+
+def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args: tuple, solver: str,
+                 start: float, time_limit: float | None,
+                 unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
+    """Exact assignment of the plan templates, and of the bound templates when they differ."""
+    remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
+    deadline = None if time_limit is None else start + time_limit
+    sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
+                           stats=unit, deadline=deadline) if plan_set else None
+    if lb_set is plan_set:
+        return sol, sol
+    lb = solve_assignment(_problem(lb_set, *problem_args), solver, time_limit_s=remaining,
+                          stats=unit, deadline=deadline) if lb_set else None
+    return sol, lb
+
+
+def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tuple,
+              incumbent_s: float | None, start: float, time_limit: float | None,
+              unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
+    """LP bound and rounded plan (large pools); classes that cannot beat the incumbent are only
+    bounded."""
+    deadline = None if time_limit is None else start + time_limit
+    sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
+                              deadline=deadline) if plan_set else None
+    if lb_set is plan_set:
+        return sol, sol
+    lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
+                             deadline=deadline) if lb_set else None
+    return sol, lb
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,

@@ -44,7 +44,8 @@ def _range_max(values: np.ndarray) -> np.ndarray:
 
 
 def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
-                  ctx: OptionContext) -> StageOptions:
+                  ctx: OptionContext, tails_only: bool = False) -> StageOptions:
+    """`tails_only`: fill only `tail` (the rest stays +inf), for re-costing tails per replica class."""
     knobs = cost.knobs
     n = ctx.model.num_layer_slots
     shape3 = (len(shapes), n + 1, n + 1)
@@ -55,6 +56,7 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
     i_idx, j_idx = np.triu_indices(n + 1, k=1)
     not_first = (i_idx > 0).astype(float)
     not_last = (j_idx < n).astype(float)
+    tail_parts: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
     for o, shape in enumerate(shapes):
         shard = Shard(shape.tp, shape.cp, shape.hp, ctx.micro_batch // shape.dp, shape.recompute,
                       ctx.training.seq_len)
@@ -66,13 +68,18 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
         params = _range_matrix(sums.params_cum)[i_idx, j_idx]
         copies_sync = st.weight_copies(ctx.replicas_sync, shape.dp, shape.cp, shape.hp)
         copies_mem = st.weight_copies(ctx.replicas_mem, shape.dp, shape.cp, shape.hp)
-        uniq, inverse = np.unique(params, return_inverse=True)
-        sync_u = np.array([st.grad_sync_s(knobs, rc.dev, p, shape.tp, copies_sync,
-                                          ctx.training.zero, ctx.single_node) for p in uniq])
-        opt_u = np.array([st.optimizer_s(knobs, rc.dev, p, ctx.training.zero, copies_mem) for p in uniq])
-        sync, opt = sync_u[inverse], opt_u[inverse]
-        fb[o, i_idx, j_idx] = f + b
+        key = (shape.tp, copies_sync, copies_mem)
+        if key not in tail_parts:  # shapes differing only in recompute or cp/dp split share these
+            uniq, inverse = np.unique(params, return_inverse=True)
+            sync_u = np.array([st.grad_sync_s(knobs, rc.dev, p, shape.tp, copies_sync,
+                                              ctx.training.zero, ctx.single_node) for p in uniq])
+            opt_u = np.array([st.optimizer_s(knobs, rc.dev, p, ctx.training.zero, copies_mem) for p in uniq])
+            tail_parts[key] = (sync_u[inverse], opt_u[inverse])
+        sync, opt = tail_parts[key]
         tail[o, i_idx, j_idx] = np.maximum(0.0, sync - knobs.dp_overlap * b) + opt
+        if tails_only:
+            continue
+        fb[o, i_idx, j_idx] = f + b
         states = params * st.bytes_per_param(ctx.training.zero, copies_mem)
         mem[o, i_idx, j_idx] = states + _range_max(table.work_bytes)[i_idx, j_idx]
         act[o, i_idx, j_idx] = _range_matrix(sums.act_cum)[i_idx, j_idx]

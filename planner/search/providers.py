@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options
 from planner.search.space import BlockType, ResourceClass, StageShape
@@ -26,6 +28,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
+from solvers.uniform_layers import frontiers, least_a, min_max_tails, uniform_view
 
 
 @dataclass
@@ -52,6 +55,15 @@ def _pruned(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[St
         out_s[bt] = [shapes[bt][k] for k in keep]
         out_k[bt] = keep
     return out_o, out_s, out_k
+
+
+def _homogeneous_runs(skeletons: list[tuple[BlockType, ...]]) -> dict[BlockType, list[int]]:
+    """Stage counts of the single-run skeletons, per block type."""
+    out: dict[BlockType, list[int]] = {}
+    for sk in skeletons:
+        if len(set(sk)) == 1:
+            out.setdefault(sk[0], []).append(len(sk))
+    return out
 
 
 class ExactProvider:
@@ -104,18 +116,77 @@ class BlocksProvider:
         self.deadline = deadline
         self.truncated = False  # the deadline stopped the frontier enumeration: no bound from here
         r_all = max(1, sum(avail))
-        self.plan_protos = self._protos(1)
-        self.lb_protos = self.plan_protos if training.zero == 0 else self._protos(r_all)
+        self._r_lb = 1 if training.zero == 0 else r_all
+        self._full: dict[int, dict[BlockType, StageOptions]] = {}
+        self._uniform: dict[BlockType, bool] = {}
+        self._plan_protos: list[_Proto] | None = None  # computed on first use (best-first search
+        self._lb_protos: list[_Proto] | None = None  # may never need this microbatch size)
+        self._zero: list[Template] | None = None
+        self._relaxed: list[Template] | None = None
+        self._stage_index: dict[BlockType, np.ndarray] | None = None
+        self._plan_stages: list[tuple[tuple[int, ...], tuple[TemplateStage, ...]]] | None = None
 
-    def _options(self, r_sync: int, r_mem: int) -> dict[BlockType, StageOptions]:
+    @property
+    def plan_protos(self) -> list[_Proto]:
+        if self._plan_protos is None:
+            self._plan_protos = self._protos(1)
+        return self._plan_protos
+
+    @property
+    def lb_protos(self) -> list[_Proto]:
+        if self._lb_protos is None:
+            self._lb_protos = self.plan_protos if self._r_lb == 1 else self._protos(self._r_lb)
+        return self._lb_protos
+
+    def relaxed_templates(self) -> list[Template]:
+        """Cheap optimistic templates, before any frontier: per homogeneous skeleton of uniform
+        layers (A_min, A_min / S, tail 0), with A_min the least A of any memory-feasible split;
+        every split of it has A >= A_min and C >= A / S. Other skeletons need their frontier, so
+        then this is `zero_tail_templates()`."""
+        if self._relaxed is not None:
+            return self._relaxed
+        if any(len(set(sk)) > 1 for sk in self.skeletons):
+            self._relaxed = self.zero_tail_templates()
+            return self._relaxed
+        full = self._options(1, self._r_lb)
+        self._full.setdefault(self._r_lb, full)
+        n_cls = len(self.classes)
+        out = []
+        for bt, counts in _homogeneous_runs(self.skeletons).items():
+            view = uniform_view(full[bt])
+            if view is None:
+                self._relaxed = self.zero_tail_templates()
+                return self._relaxed
+            for s, a in least_a(view, counts).items():
+                if a is not None:
+                    out.append(Template(_usage((bt,) * s, n_cls), a, a / s, 0.0, None, ()))
+        self._relaxed = prune_templates(out)
+        return self._relaxed
+
+    def _options(self, r_sync: int, r_mem: int, tails_only: bool = False) -> dict[BlockType, StageOptions]:
         ctx = OptionContext(self.model, self.training, self.micro_batch, r_sync, r_mem, self.single_node)
-        return {bt: build_options(self.cost, self.classes[bt.cls], shp, ctx) for bt, shp in self.shapes.items()}
+        return {bt: build_options(self.cost, self.classes[bt.cls], shp, ctx, tails_only)
+                for bt, shp in self.shapes.items()}
 
     def _protos(self, r_mem: int) -> list[_Proto]:
-        full = self._options(1, r_mem)
+        full = self._full.get(r_mem) or self._options(1, r_mem)
+        self._full[r_mem] = full
         opts, _, keep = _pruned(full, self.shapes, use_tail=False)
         out = []
+        runs = _homogeneous_runs(self.skeletons)
+        # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
+        self._uniform.update({bt: uniform_view(full[bt]) is not None for bt in runs})
+        views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in runs}
+        for bt, counts in runs.items():  # identical decoder layers: every stage count in one sweep
+            view = views[bt]
+            if view is None:
+                continue
+            for s, splits in sorted(frontiers(view, counts).items()):
+                out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
+                           for sp in splits)
         for sk in self.skeletons:
+            if len(set(sk)) == 1 and views[sk[0]] is not None:
+                continue
             if self.deadline is not None and time.perf_counter() > self.deadline:
                 self.truncated = True
                 break
@@ -125,26 +196,65 @@ class BlocksProvider:
         self.stats.templates += len(out)
         return out
 
+    def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> list[float | None]:
+        """Per bound proto, the least possible largest stage tail of its skeleton over every
+        memory-feasible split (fast for homogeneous ones). Memory feasibility comes from the bound
+        protos' options (optimizer states sharded over the most replicas: the most permissive),
+        tails from `tails`, so it bounds the tail of every split the proto stands for."""
+        full = self._full[self._r_lb]
+        opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
+                for bt in tails}
+        least: dict[tuple[BlockType, ...], float | None] = {}
+        for bt, counts in _homogeneous_runs(self.skeletons).items():
+            view = uniform_view(opts[bt], trusted=True) if self._uniform.get(bt) else None
+            if view is not None:
+                least.update({(bt,) * s: t for s, t in min_max_tails(view, counts).items()})
+        out = []
+        for p in self.lb_protos:
+            if p.skeleton not in least:
+                least[p.skeleton] = min_max_tail([opts[bt] for bt in p.skeleton])
+            out.append(least[p.skeleton])
+        return out
+
+    def zero_tail_templates(self) -> list[Template]:
+        """The bound templates with every tail set to 0: their assignment optimum bounds every plan
+        of this microbatch size whatever its replica count (tails are >= 0, memory as for r_all)."""
+        if self._zero is None:
+            n_cls = len(self.classes)
+            self._zero = prune_templates([Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, 0.0, None, ())
+                                          for p in self.lb_protos])
+        return self._zero
+
     def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
         n_cls = len(self.classes)
-        tails = self._options(lo, lo)
-        plan_set = []
-        for p in self.plan_protos:
-            e = max(float(tails[bt].tail[o, first, last + 1])
-                    for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges))
-            stages = tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
-                           for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges))
-            plan_set.append(Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, e, None, stages))
-        lb_tails = tails if self.training.zero == 0 else self._options(lo, hi)
-        e_min: dict[tuple[BlockType, ...], float | None] = {}
+        tails = self._options(lo, lo, tails_only=True)
+        e_plan = self._plan_tails(tails)
+        if self._plan_stages is None:  # the stages of a proto never change, only its tail
+            self._plan_stages = [
+                (_usage(p.skeleton, n_cls), tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
+                                                  for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges)))
+                for p in self.plan_protos]
+        plan_set = [Template(usage, p.a_s, p.c_s, float(e), None, stages)
+                    for p, e, (usage, stages) in zip(self.plan_protos, e_plan, self._plan_stages)]
+        lb_tails = tails if self.training.zero == 0 else self._options(lo, hi, tails_only=True)
         lb_set = []
-        for p in self.lb_protos:
-            if p.skeleton not in e_min:
-                e_min[p.skeleton] = min_max_tail([lb_tails[bt] for bt in p.skeleton])
-            e = e_min[p.skeleton]
+        for p, e in zip(self.lb_protos, self._lb_tails(lb_tails)):
             if e is None:
                 continue
             lb_set.append(Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, e, None, ()))
         kept = prune_templates(plan_set)
         self.stats.pruned += len(plan_set) - len(kept)
         return kept, prune_templates(lb_set)
+
+    def _plan_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
+        """Largest stage tail of every plan proto (one gather per block type)."""
+        if self._stage_index is None:
+            rows: dict[BlockType, list[tuple[int, int, int, int]]] = {}
+            for k, p in enumerate(self.plan_protos):
+                for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges):
+                    rows.setdefault(bt, []).append((k, o, first, last + 1))
+            self._stage_index = {bt: np.array(r, dtype=np.int64) for bt, r in rows.items()}
+        out = np.full(len(self.plan_protos), -np.inf)
+        for bt, idx in self._stage_index.items():
+            np.maximum.at(out, idx[:, 0], tails[bt].tail[idx[:, 1], idx[:, 2], idx[:, 3]])
+        return out

@@ -58,6 +58,19 @@ def count_sequences(types: list[BlockType], avail: tuple[int, ...], max_len: int
     return total
 
 
+def count_two_run_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int) -> int:
+    """How many skeletons of exactly two runs (on different classes) `block_skeletons` would list."""
+    total = 0
+    for x in types:
+        n_x = min(max_len - 1, avail[x.cls] // x.gpus)
+        for y in types:
+            if y.cls == x.cls:
+                continue
+            n_y = avail[y.cls] // y.gpus
+            total += sum(min(n_y, max_len - k1) for k1 in range(1, n_x + 1))
+    return total
+
+
 def exact_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int) -> list[tuple[BlockType, ...]]:
     out: list[tuple[BlockType, ...]] = []
 

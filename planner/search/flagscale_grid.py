@@ -1,0 +1,401 @@
+"""The search restricted to plans FlagScale's hetero mode runs (`hetplan plan --target flagscale`).
+
+FlagScale runs one logical pipeline whose consecutive stages form process meshes, each on one GPU
+type with its own tensor parallel degree and data parallel degree (`planner.emit.flagscale`). In plan
+terms: R identical replicas; every stage has a (gpu, tp, cp, stage dp) of its own; one cp and one
+recompute mode for all; every stage holds a decoder layer; each stage dp divides the micro batch.
+Batch rule: the plan's micro batch b is split over a stage's dp copies, so mesh i (dp_i = R·d_i) runs
+micro batch b/d_i and dp_0·mbs = R·b; FlagScale's "dp_0·mbs divisible by every dp_i" is then exactly
+"d_i divides b", and every replica runs m = global_batch / (b·R) microbatches.
+
+Space searched, per microbatch size b, cp, recompute mode and replica count R: every device class
+is unused or one run of p stages of one width w (GPUs per stage per replica; the partition DP picks
+each stage's (tp, stage dp) among the shapes of that width, so one class may hold several meshes),
+with R·w·p GPUs of the class at most; runs in every order of the classes used (at most
+`_PERMUTE_UPTO` classes; beyond that file order and memory order). Each run sequence's layer split is
+solved exactly (`solvers.partition.split_frontier`, memory per position). Run sequences are visited
+best-first by lower bounds (fluid, then integral layers, then the DP without tail caps), so the result
+is the best plan of this space under the cost model unless a cap was hit.
+
+Placement fills each class's GPUs in rank order (stage, replica, stage devices), so every tp·cp group
+lies inside a node and each node's ranks are one consecutive block, as FlagScale's runner needs. The
+Megatron grid (node order over the whole file) lies inside this space when each class's nodes are
+consecutive in the file and no cap was hit; otherwise `best_megatron_plan` is added as a candidate.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costmodel import stage as st
+from planner.costmodel.base import CostModel, LayerTable, Shard
+from planner.emit.flagscale import hetero_section
+from planner.errors import HetplanError
+from planner.evaluate import evaluate
+from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
+from planner.search.megatron_grid import best_megatron_plan
+from planner.search.options import OptionContext, build_options
+from planner.search.space import (
+    ResourceClass,
+    StageShape,
+    resource_classes,
+    stage_shapes,
+)
+from planner.specs.cluster import ClusterSpec
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
+
+_PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
+_COMBO_LIMIT = 100_000  # most run combinations per (b, cp, recompute, R) before stage counts are thinned
+_MAX_DP = 3000  # most partition-DP runs (a deterministic cap; hitting it adds the Megatron grid)
+_KEEP = 8  # candidates kept for the final validation
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Outer choices shared by all meshes of a plan."""
+
+    b: int
+    cp: int
+    recompute: str
+    replicas: int
+    microbatches: int
+
+
+@dataclass(frozen=True, eq=False)
+class _Width:
+    """Stages of one width on one class within a group, with what the lower bounds need."""
+
+    cls: int
+    width: int  # GPUs per stage per replica
+    shapes: tuple[StageShape, ...]
+    dec_s: float  # least F+B of any decoder layer over the shapes (no receives)
+    recv_s: float  # least receive time over the shapes
+    kmax: int  # most decoder layers one stage can hold (one microbatch in flight)
+
+
+def _most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capacity: float) -> int:
+    """Largest k such that some run of k decoder layers fits with one microbatch in flight."""
+    fixed = table.params_per_gpu[1:n_dec + 1] * bytes_per_param + table.act_bytes[1:n_dec + 1]
+    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
+    cum = np.concatenate([[0.0], np.cumsum(fixed)])
+    win_max = work.copy()
+    best = 0
+    for k in range(1, n_dec + 1):
+        if k > 1:
+            win_max = np.maximum(win_max[:-1], work[k - 1:])
+        if np.min(cum[k:] - cum[:-k] + win_max) > capacity:
+            break  # longer runs contain shorter ones, so they cannot fit either
+        best = k
+    return best
+
+
+def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass, g: _Group,
+            single_node: bool) -> list[_Width]:
+    """This class's stage widths for the group, each with its costable shapes."""
+    n_dec = model.num_layers
+    capacity = st.memory_capacity_bytes(cost.knobs, rc.dev)
+    by_width: dict[int, list[tuple[StageShape, float, float, int]]] = {}
+    for shape in stage_shapes(model, training, rc, g.b):
+        if shape.hp != 1 or shape.cp != g.cp or shape.recompute != g.recompute:
+            continue
+        try:
+            table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, 1, g.b // shape.dp, shape.recompute,
+                                                   training.seq_len), model, training)
+        except HetplanError:  # a strict measured profile lacks this point: leave the shape out
+            continue
+        dec = float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1]))
+        recv = st.recv_s(cost.knobs, rc.dev, table, single_node)
+        bpp = st.bytes_per_param(training.zero, st.weight_copies(g.replicas, shape.dp, shape.cp, 1))
+        kmax = _most_decoders(table, n_dec, bpp, capacity)
+        by_width.setdefault(shape.gpus, []).append((shape, dec, recv, kmax))
+    out = []
+    for width, rows in sorted(by_width.items()):
+        if max(r[3] for r in rows) == 0:
+            continue
+        out.append(_Width(rc.index, width, tuple(r[0] for r in rows), min(r[1] for r in rows),
+                          min(r[2] for r in rows), max(r[3] for r in rows)))
+    return out
+
+
+def _stage_counts(most: int, whole_nodes: int, thin: int) -> list[int]:
+    """Stage counts 1..most, thinned: (1) halvings of `most` and counts filling whole nodes (every
+    count filling whole nodes keeps the Megatron grid inside the space), (2) whole nodes and `most`,
+    (3) `most` alone. `whole_nodes` is the stage count that fills one node (0: none does)."""
+    if thin == 0:
+        return list(range(1, most + 1))
+    out = {most}
+    if thin <= 2 and whole_nodes:
+        out |= set(range(whole_nodes, most + 1, whole_nodes))
+    p = most
+    while thin == 1 and p >= 1:
+        out.add(p)
+        p //= 2
+    return sorted(out)
+
+
+def _choices(widths: list[list[_Width]], classes: list[ResourceClass], g: _Group,
+             n_dec: int) -> tuple[list[list[tuple[_Width | None, int]]], bool]:
+    """Per class: unused, or (width, stage count); thinned until the product is at most _COMBO_LIMIT.
+    The flag says whether the Megatron grid may have been thinned away."""
+    for thin in range(4):
+        out = []
+        for ws, rc in zip(widths, classes):
+            row: list[tuple[_Width | None, int]] = [(None, 0)]
+            for w in ws:
+                most = min(rc.gpus // (g.replicas * w.width), n_dec)
+                per_stage = g.replicas * w.width
+                node = rc.dev.gpus_per_node
+                whole = node // math.gcd(node, per_stage)  # stages filling whole nodes
+                row += [(w, p) for p in _stage_counts(most, whole, thin)] if most >= 1 else []
+            out.append(row)
+        if math.prod(len(r) for r in out) <= _COMBO_LIMIT:
+            return out, thin > 2
+    # still too many: keep per class the two widths with the fastest decoder layer
+    for i, row in enumerate(out):
+        keep = sorted({id(w): w for w, _ in row if w is not None}.values(), key=lambda w: (w.dec_s, w.width))[:2]
+        out[i] = [(w, p) for w, p in row if w is None or w in keep]
+    return out, True
+
+
+def _fluid_bounds(choices: list[list[tuple[_Width | None, int]]], n_dec: int, m: int,
+                  overhead_s: float) -> np.ndarray:
+    """Step-time lower bound of every run combination (fluid bottleneck, no receives); inf = impossible."""
+    k = len(choices)
+    shape = tuple(len(c) for c in choices)
+    speed, stages, a_s = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    dmax, dmin, cap = np.zeros(shape), np.full(shape, math.inf), np.zeros(shape)
+    for ci, row in enumerate(choices):
+        view = [1] * k
+        view[ci] = -1
+        p = np.array([c[1] for c in row], dtype=float)
+        d = np.array([c[0].dec_s if c[0] else 0.0 for c in row])
+        km = np.array([c[0].kmax if c[0] else 0 for c in row], dtype=float)
+        used = p > 0
+        speed = speed + np.where(used, p / np.where(used, d, 1.0), 0.0).reshape(view)
+        stages = stages + p.reshape(view)
+        a_s = a_s + (p * d).reshape(view)
+        dmax = np.maximum(dmax, d.reshape(view))
+        dmin = np.minimum(dmin, np.where(used, d, math.inf).reshape(view))
+        cap = cap + (p * km).reshape(view)
+    ok = (stages >= 1) & (stages <= n_dec) & (cap >= n_dec) & (speed > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.maximum(n_dec / speed, dmax)
+        a = np.maximum(a_s + (n_dec - stages) * dmin, c)
+        return np.where(ok, a + (m - 1) * c + overhead_s, math.inf)
+
+
+def _integral_bound(meshes: list[tuple[_Width, int]], n_dec: int, m: int, overhead_s: float) -> float:
+    """Lower bound with whole decoder layers per stage, per-stage memory caps and receives."""
+    stages = sum(p for _, p in meshes)
+    if stages > n_dec or sum(w.kmax * p for w, p in meshes) < n_dec:
+        return math.inf
+    on = 1.0 if stages > 1 else 0.0  # every stage of a multi-stage pipeline receives at least once
+
+    def layers_within(c_s: float) -> int:
+        return sum(p * min(w.kmax, max(0, math.floor((c_s - on * w.recv_s) / w.dec_s * (1 + 1e-12))))
+                   for w, p in meshes)
+
+    cands = sorted({k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)})
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if layers_within(cands[mid]) >= n_dec else (mid + 1, hi)
+    c_s = max(cands[lo], max(w.dec_s + on * w.recv_s for w, _ in meshes))
+    dmin = min(w.dec_s for w, _ in meshes)
+    rmin = min(w.recv_s for w, _ in meshes)
+    a_s = sum(p * w.dec_s for w, p in meshes) + (n_dec - stages) * dmin + 2 * (stages - 1) * rmin
+    return max(a_s, c_s) + (m - 1) * c_s + overhead_s
+
+
+def _orders(meshes: list[tuple[_Width, int]], classes: list[ResourceClass],
+            capacity: dict[int, float]) -> list[tuple[tuple[_Width, int], ...]]:
+    """Run orders tried: all when few classes, else file order and largest / smallest memory first."""
+    base = tuple(sorted(meshes, key=lambda x: x[0].cls))
+    if len(base) <= _PERMUTE_UPTO:
+        return list(itertools.permutations(base))
+    by_mem = tuple(sorted(base, key=lambda x: (-capacity[x[0].cls], x[0].cls)))
+    out = [base, by_mem, tuple(reversed(by_mem))]
+    return [o for i, o in enumerate(out) if o not in out[:i]]
+
+
+def _masked(opts: StageOptions) -> StageOptions:
+    """A FlagScale stage must hold a decoder layer: no embedding-only or head-only stage."""
+    fb = opts.fb.copy()
+    n = opts.num_layers
+    fb[:, 0, 1] = math.inf
+    fb[:, n - 1, n] = math.inf
+    return StageOptions(fb, opts.tail, opts.mem_fixed, opts.act, opts.capacity)
+
+
+def _value(sp: Split, m: int) -> float:
+    return sp.a_s + (m - 1) * sp.c_s + sp.e_s
+
+
+def _place(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, classes: list[ResourceClass],
+           g: _Group, order: tuple[tuple[_Width, int], ...], split: Split) -> Plan:
+    """Fill each class's GPUs in global rank order (stage, replica, stage devices)."""
+    pools = {rc.index: [(n.name, i) for n in cluster.node_list if n.group in rc.groups for i in range(n.gpus)]
+             for rc in classes}
+    used = {rc.index: 0 for rc in classes}
+    widths = [w for w, p in order for _ in range(p)]
+    rows: list[list[Stage]] = [[] for _ in range(g.replicas)]
+    for w, (first, last), o in zip(widths, split.ranges, split.options):
+        shape = w.shapes[o]
+        for r in range(g.replicas):
+            devs = pools[w.cls][used[w.cls]:used[w.cls] + w.width]
+            used[w.cls] += w.width
+            rows[r].append(Stage(layers=(first, last), gpu=classes[w.cls].name, devices=compress_devices(devs),
+                                 tp=shape.tp, cp=shape.cp, dp=shape.dp, recompute=shape.recompute))
+    return Plan(model=model, training=training, micro_batch=g.b, schedule=training.schedule,
+                pipelines=[Pipeline(microbatches=g.microbatches, stages=s) for s in rows])
+
+
+def _classes_contiguous(cluster: ClusterSpec, classes: list[ResourceClass]) -> bool:
+    """Each class's node groups form one run in the file (then file order is one of our run orders)."""
+    owner = {gi: rc.index for rc in classes for gi in rc.groups}
+    runs = [owner[gi] for gi in range(len(cluster.nodes)) if gi in owner]
+    collapsed = [c for i, c in enumerate(runs) if i == 0 or runs[i - 1] != c]
+    return len(collapsed) == len(set(collapsed))
+
+
+def _groups(model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+            sizes: list[int]) -> list[_Group]:
+    total = sum(rc.gpus for rc in classes)
+    cps = sorted({s.cp for rc in classes for b in sizes for s in stage_shapes(model, training, rc, b)})
+    out = []
+    for b in sorted(set(sizes)):
+        if training.global_batch % b:
+            continue
+        for cp in cps:
+            for mode in training.recompute:
+                for r in range(1, min(training.global_batch // b, total // cp) + 1):
+                    if training.global_batch % (b * r) == 0:
+                        out.append(_Group(b, cp, mode, r, training.global_batch // (b * r)))
+    return out
+
+
+def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
+                        sizes: list[int]) -> tuple[Plan, Prediction] | None:
+    """The fastest FlagScale-expressible plan found (see module docstring), or None if none fits."""
+    classes = resource_classes(cluster)
+    if not classes:
+        return None
+    if training.schedule != "1f1b":  # the run DP optimises 1F1B; other schedules get the Megatron grid
+        return _checked([best_megatron_plan(model, cluster, training, cost, sizes)], cluster)
+    n_dec, single = model.num_layers, cluster.single_node
+    overhead = cost.knobs.step_overhead_s
+    capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
+    groups = _groups(model, training, classes, sizes)
+    grids: list[tuple[list[list[tuple[_Width | None, int]]], tuple[int, ...]]] = []
+    lbs, gids, flats = [np.zeros(0)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    inexact = False
+    for gi, g in enumerate(groups):
+        widths = [_widths(cost, model, training, rc, g, single) for rc in classes]
+        choices, thinned = _choices(widths, classes, g, n_dec)
+        inexact |= thinned
+        grids.append((choices, tuple(len(c) for c in choices)))
+        lb = _fluid_bounds(choices, n_dec, g.microbatches, overhead).ravel()
+        keep = np.flatnonzero(np.isfinite(lb))
+        lbs.append(lb[keep])
+        gids.append(np.full(len(keep), gi, dtype=np.int64))
+        flats.append(keep.astype(np.int64))
+    lb0, gid0, flat0 = np.concatenate(lbs), np.concatenate(gids), np.concatenate(flats)
+    queue0 = np.lexsort((flat0, gid0, lb0))
+    heap: list[tuple[float, tuple[int, int, int], int, object]] = []
+    cands: list[tuple[float, tuple[int, int, int], tuple, Split]] = []
+    opts_cache: dict[tuple[int, int], StageOptions] = {}
+    dp_runs, ptr = 0, 0
+
+    def incumbent() -> float:
+        return cands[0][0] if cands else math.inf
+
+    def record(value: float, tie: tuple[int, int, int], order: tuple, split: Split) -> None:
+        cands.append((value, tie, order, split))
+        cands.sort(key=lambda c: (c[0], c[1]))
+        del cands[_KEEP:]
+
+    def positions(gi: int, order: tuple) -> list[StageOptions]:
+        g = groups[gi]
+        out = []
+        for w, p in order:
+            key = (gi, id(w))
+            if key not in opts_cache:
+                ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
+                opts_cache[key] = _masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
+            out += [opts_cache[key]] * p
+        return out
+
+    while True:
+        k0 = float(lb0[queue0[ptr]]) if ptr < len(queue0) else math.inf
+        kh = heap[0][0] if heap else math.inf
+        if min(k0, kh) >= incumbent():
+            break
+        if dp_runs >= _MAX_DP:
+            inexact = True
+            break
+        if k0 < kh:  # refine a fluid bound into the integral one
+            gi, flat = int(gid0[queue0[ptr]]), int(flat0[queue0[ptr]])
+            ptr += 1
+            choices, shape = grids[gi]
+            picks = np.unravel_index(flat, shape)
+            meshes = [choices[c][int(i)] for c, i in enumerate(picks) if choices[c][int(i)][0] is not None]
+            lb1 = _integral_bound(meshes, n_dec, groups[gi].microbatches, overhead)
+            if lb1 < incumbent():
+                heapq.heappush(heap, (lb1, (gi, flat, -1), 1, meshes))
+            continue
+        _, (gi, flat, oi), level, payload = heapq.heappop(heap)
+        m = groups[gi].microbatches
+        if level == 1:  # every run order: DP without tail caps gives a plan and a tighter bound
+            for oi, order in enumerate(_orders(payload, classes, capacity)):
+                pos = positions(gi, order)
+                flight = min(m, len(pos))
+                front = split_frontier(pos, max_in_flight=flight, with_tail=False)
+                dp_runs += 1
+                if not front:
+                    continue
+                best = min(front, key=lambda sp: (_value(sp, m), sp.ranges))
+                record(_value(best, m) + overhead, (gi, flat, oi), order, best)
+                e_min = min_max_tail(pos, flight) or 0.0
+                lb2 = min(sp.a_s + (m - 1) * sp.c_s for sp in front) + e_min + overhead
+                if lb2 < incumbent():
+                    heapq.heappush(heap, (lb2, (gi, flat, oi), 2, order))
+        else:  # the full (A, C, E) frontier: exact for this run order
+            pos = positions(gi, payload)
+            front = split_frontier(pos, max_in_flight=min(m, len(pos)))
+            dp_runs += 1
+            if front:
+                best = min(front, key=lambda sp: (_value(sp, m), sp.ranges))
+                record(_value(best, m) + overhead, (gi, flat, oi), payload, best)
+    found = [_evaluated(_place(model, training, cluster, classes, groups[tie[0]], order, split), cluster, cost)
+             for _, tie, order, split in cands]
+    if inexact or not _classes_contiguous(cluster, classes):
+        found.append(best_megatron_plan(model, cluster, training, cost, sizes))
+    return _checked(found, cluster)
+
+
+def _evaluated(plan: Plan, cluster: ClusterSpec, cost: CostModel) -> tuple[Plan, Prediction] | None:
+    try:
+        return plan, evaluate(plan, cluster, cost)
+    except HetplanError:  # a rule the search did not pre-check (the validator has the last word)
+        return None
+
+
+def _checked(found: list[tuple[Plan, Prediction] | None], cluster: ClusterSpec) -> tuple[Plan, Prediction] | None:
+    """The fastest of `found` that FlagScale's emitter accepts (first of equals)."""
+    best = None
+    for item in found:
+        if item is None or (best is not None and item[1].step_s >= best[1].step_s):
+            continue
+        try:
+            hetero_section(item[0], cluster)
+        except HetplanError:
+            continue
+        best = item
+    return best

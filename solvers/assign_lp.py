@@ -1,0 +1,329 @@
+"""Template assignment for large pools: an LP lower bound and a rounded integer plan.
+
+Same problem as `solvers.assign` (minimise max pipeline time + max tail over copies of templates),
+solved without integer programs, for pools where copies number in the hundreds:
+
+* Bound. At pipeline time T a copy of template t holds at most k_t(T) = floor((T - A_t)/C_t) + 1
+  microbatches (and at most its memory cap and M). Dropping the integrality of the copy counts and
+  the lower limit on the number of pipelines only enlarges what copies can hold, so if
+  the LP  max sum_t n_t·kappa_t(T)  s.t.  usage·n <= avail, sum n <= R_hi, n >= 0  is below M, no plan
+  has pipeline time T. Bisection on T gives T_LP(e) for the templates with tail <= e; every plan whose
+  largest tail is e costs at least T_LP(e) + e. The tail levels are refined branch-and-bound style:
+  T_LP is non-increasing in e, so for levels i..j every plan costs at least T_LP(e_j) + e_i.
+* Plan. At a trial T the LP is solved on the integer capacities, its copy counts rounded down and
+  the spare GPUs filled greedily; bisection finds the least T this rounding reaches and water-filling
+  deals the microbatches (`solvers.assign._deal`). The plan is a real plan of the templates; its
+  distance to the bound is what the search reports as the gap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.assign import AssignProblem, Assignment, SolverStats, _caps, _deal
+
+
+def _kappa(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
+    """Per-copy capacity at pipeline time t: whole microbatches (only the copy counts are relaxed)."""
+    return _caps(p, allowed, t).astype(float)
+
+
+@dataclass
+class _CapacityLP:
+    """max sum_g n_g·cap_g over usage groups g (templates of equal GPU usage share a column)."""
+
+    usage: np.ndarray  # (G, K) distinct usage vectors
+    of: np.ndarray  # (T,) group of each template
+    avail: np.ndarray
+    max_copies: int
+    stats: SolverStats
+
+    def __post_init__(self) -> None:
+        import highspy
+
+        from solvers.quiet import quiet_stdout
+
+        with quiet_stdout():
+            self._highs = highspy.Highs()
+        self._highs.setOptionValue("output_flag", False)
+        self._highspy = highspy
+
+    def best_per_group(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Largest capacity of each usage group and the (lowest-index) template reaching it."""
+        n_groups = self.usage.shape[0]
+        best = np.zeros(n_groups)
+        np.maximum.at(best, self.of, caps)
+        rep = np.full(n_groups, -1)
+        hit = np.flatnonzero((caps == best[self.of]) & (caps > 0))[::-1]
+        rep[self.of[hit]] = hit
+        return best, rep
+
+    def _build(self) -> None:
+        """One model for the whole problem; each solve only changes the objective, so HiGHS starts
+        from the previous basis."""
+        hs = self._highspy
+        n_cols, k = self.usage.shape
+        lp = hs.HighsLp()
+        lp.num_col_ = int(n_cols)
+        lp.num_row_ = k + 1
+        lp.col_cost_ = np.zeros(n_cols)
+        lp.col_lower_ = np.zeros(n_cols)
+        lp.col_upper_ = np.full(n_cols, hs.kHighsInf)
+        lp.row_lower_ = np.full(k + 1, -hs.kHighsInf)
+        lp.row_upper_ = np.append(self.avail.astype(float), float(self.max_copies))
+        matrix = np.hstack([self.usage.astype(float), np.ones((n_cols, 1))])  # (cols, rows)
+        lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.arange(0, (k + 1) * n_cols + 1, k + 1)
+        lp.a_matrix_.index_ = np.tile(np.arange(k + 1), n_cols)
+        lp.a_matrix_.value_ = matrix.reshape(-1)
+        lp.sense_ = hs.ObjSense.kMaximize
+        self._highs.passModel(lp)
+        self._built = True
+
+    def solve(self, group_caps: np.ndarray) -> tuple[float, np.ndarray]:
+        """LP optimum and copy counts per group."""
+        if not np.any(group_caps > 0):
+            return 0.0, np.zeros(len(group_caps))
+        if not getattr(self, "_built", False):
+            self._build()
+        hs = self._highspy
+        n_cols = len(group_caps)
+        self._highs.changeColsCost(n_cols, np.arange(n_cols, dtype=np.int32), group_caps.astype(float))
+        self._highs.run()
+        self.stats.ilp_solves += 1
+        if self._highs.getModelStatus() != hs.HighsModelStatus.kOptimal:
+            raise RuntimeError(f"HiGHS LP status {self._highs.getModelStatus()}")
+        x = np.asarray(self._highs.getSolution().col_value, dtype=float)
+        return float(self._highs.getInfo().objective_function_value), x
+
+
+def _root(p: AssignProblem, allowed: np.ndarray, copies: np.ndarray, lo: float, hi: float) -> float:
+    """Least T in [lo, hi] at which these (fractional, per-template) copies hold M microbatches;
+    `hi` must reach it. Bisection on a cheap monotone function, to 1e-12 relative."""
+    def holds(t: float) -> bool:
+        return float(copies @ _kappa(p, allowed, t)) >= p.microbatches * (1 - 1e-12)
+
+    for _ in range(200):
+        if hi - lo <= 1e-12 * hi:
+            break
+        mid = (lo + hi) / 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float | None,
+             rel_tol: float) -> float | None:
+    """A T proven infeasible for the LP within `rel_tol` of the least LP-feasible one (so a lower
+    bound on the least pipeline time), or None if no T is feasible.
+
+    Newton-like from above: the LP's copies at a feasible T hold, at every T, at most what the LP
+    can (they stay feasible), so the T where those copies first hold M is still LP-feasible; repeat
+    until T·(1 - rel_tol) is proven infeasible by the LP itself."""
+    if not allowed.any():
+        return None
+
+    def capacity(t: float) -> tuple[float, np.ndarray]:
+        kappa = _kappa(p, allowed, t)
+        best, rep = lp.best_per_group(kappa)
+        value, x = lp.solve(best)
+        copies = np.zeros(len(kappa))
+        live = np.flatnonzero(rep >= 0)
+        copies[rep[live]] = x[live]
+        return value, copies
+
+    lo = float(np.min(p.a_s[allowed]))
+    enough = p.microbatches * (1 - 1e-12)
+    if capacity(lo)[0] >= enough:
+        return lo
+    span = float(np.max(p.a_s[allowed]) + p.microbatches * np.max(p.c_s[allowed]))
+    t = hi if hi is not None and hi > lo else max(lo * 2, 1e-6)
+    value, copies = capacity(t)
+    while value < enough:
+        if t > 2 * span:
+            return None
+        lo, t = t, t * 2
+        value, copies = capacity(t)
+    for _ in range(100):
+        t = _root(p, allowed, copies, lo, t)
+        probe = max(lo, t * (1 - rel_tol))
+        value, below = capacity(probe)
+        if value < enough:
+            return probe
+        copies = below
+        t = probe
+    return lo
+def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-4) -> float | None:
+    """A lower bound on the least max pipeline time of any plan of p (tails ignored), or None when
+    the LP shows that no plan exists."""
+    stats = stats or SolverStats()
+    usage, of = np.unique(p.usage, axis=0, return_inverse=True)
+    lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
+    return _lp_time(p, lp, np.ones(len(p.a_s), dtype=bool), None, rel_tol)
+
+
+def pipe_time_of(p: AssignProblem, counts: np.ndarray) -> float | None:
+    """Least max pipeline time of these copies (every copy at least one microbatch), or None."""
+    used = np.flatnonzero(counts)
+    if used.size == 0 or counts.sum() > p.microbatches:
+        return None
+    n = counts[used]
+    a, c = p.a_s[used], p.c_s[used]
+    cap_max = np.minimum(p.max_microbatches[used], p.microbatches)
+
+    def holds(t: float) -> bool:
+        k = np.minimum(np.floor((t - a) / c + 1e-12) + 1, cap_max)
+        return bool(np.all(k >= 1)) and float(n @ k) >= p.microbatches
+
+    lo = float(np.max(a))
+    if holds(lo):
+        return lo
+    hi = float(np.max(a + (cap_max - 1) * c))
+    if not holds(hi):
+        return None
+    for _ in range(200):
+        if hi - lo <= 1e-13 * hi:
+            break
+        mid = (lo + hi) / 2
+        if holds(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _fill(p: AssignProblem, counts: np.ndarray, order: np.ndarray, nonzero: list[list[tuple[int, int]]]) -> np.ndarray:
+    """Add copies of the templates in `order` (each as many as fit) while GPUs and the pipeline
+    count allow. Plain Python: a handful of classes, hundreds of templates."""
+    out = counts.copy()
+    left = [int(v) for v in p.avail - out @ p.usage]
+    room_copies = min(p.replicas[1], p.microbatches) - int(out.sum())
+    for i in order.tolist():
+        if room_copies <= 0:
+            break
+        use = nonzero[i]
+        room = min((left[k] // u for k, u in use), default=0)
+        take = min(room, room_copies)
+        if take > 0:
+            out[i] += take
+            room_copies -= take
+            for k, u in use:
+                left[k] -= take * u
+    return out
+
+
+def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb: float,
+                   rel_tol: float) -> Assignment | None:
+    """Integer plans near the LP optimum of the `allowed` templates: at a few pipeline times just
+    above the LP bound, the LP's copies rounded down (and up where the GPUs allow), spare GPUs
+    filled with the same templates; each scored exactly. The best is dealt out by water-filling."""
+    best: tuple[float, np.ndarray] | None = None
+    nonzero = [[(int(k), int(u)) for k, u in enumerate(row) if u] for row in p.usage]
+    for step in (1e-4, 1e-3, 4e-3, 1.6e-2, 6.4e-2, 0.25):
+        t = max(t_lb, 1e-12) * (1 + step)
+        caps = _caps(p, allowed, t)
+        group_best, rep = lp.best_per_group(caps.astype(float))
+        if group_best.sum() == 0:
+            continue
+        _, x = lp.solve(group_best)
+        live = np.flatnonzero((rep >= 0) & (x > 1e-9))
+        if live.size == 0:
+            continue
+        support = rep[live]
+        floor = np.zeros(len(caps), dtype=np.int64)
+        floor[support] = np.floor(x[live] + 1e-9).astype(np.int64)
+        ceil = floor.copy()
+        ceil[support] = np.ceil(x[live] - 1e-9).astype(np.int64)
+        gpus = np.maximum(p.usage.sum(axis=1), 1)
+        others = rep[rep >= 0]  # spare GPUs may also take other templates' copies
+        support = support[np.lexsort((support, -caps[support] / gpus[support]))]
+        others = others[np.lexsort((others, -caps[others] / gpus[others]))]
+        for counts in (floor, ceil):
+            if np.any(counts @ p.usage > p.avail):
+                continue
+            counts = _fill(p, _fill(p, counts, support, nonzero), others, nonzero)
+            if not (p.replicas[0] <= counts.sum() <= min(p.replicas[1], p.microbatches)):
+                continue
+            pipe = pipe_time_of(p, counts)
+            if pipe is None:
+                continue
+            obj = pipe + float(np.max(p.e_s[counts > 0]))
+            if best is None or obj < best[0] - 1e-15:
+                best = (obj, counts)
+        if best is not None and best[0] <= (t + float(np.min(p.e_s[allowed]))) * (1 + rel_tol):
+            break
+    if best is None:
+        return None
+    counts = best[1]
+    pipe = pipe_time_of(p, counts)
+    per_t, dealt = _deal(p, counts, _caps(p, counts > 0, pipe))
+    return Assignment(tuple(int(c) for c in counts), per_t, dealt, float(np.max(p.e_s[counts > 0])))
+
+
+def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-3,
+                        incumbent_s: float | None = None, deadline: float | None = None) -> Assignment | None:
+    """Best rounded plan and a valid lower bound (`bound_s`) for problem p; None if the LP shows no
+    plan exists. With `incumbent_s`, tail levels that cannot beat it are only bounded, and when no
+    level can, the result has no copies (`counts` all zero) and only `bound_s` is meaningful."""
+    stats = stats or SolverStats()
+    usage, of = np.unique(p.usage, axis=0, return_inverse=True)
+    lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
+    levels = np.unique(p.e_s)
+    memo: dict[int, float | None] = {}
+    best: Assignment | None = None
+
+    def f(i: int) -> float | None:
+        if i not in memo:
+            allowed = p.e_s <= levels[i]
+            memo[i] = _lp_time(p, lp, allowed, None, rel_tol / 10)
+        return memo[i]
+
+    def target() -> float:
+        cut = best.objective_s if best is not None else np.inf
+        if incumbent_s is not None:
+            cut = min(cut, incumbent_s)
+        return cut / (1 + rel_tol)
+
+    def try_plan(i: int) -> None:
+        nonlocal best
+        t = f(i)
+        if t is None or t + levels[0] >= target():
+            return
+        cand = _plan_at_level(p, lp, p.e_s <= levels[i], t, rel_tol)
+        if cand is not None and (best is None or cand.objective_s < best.objective_s - 1e-15):
+            best = cand
+
+    last = len(levels) - 1
+    if f(last) is None:
+        return None
+    try_plan(last)
+    heap = [(f(last) + float(levels[0]), 0, last)]
+    bound = heap[0][0]
+    while heap:
+        bound, i, j = heapq.heappop(heap)
+        if bound >= target():
+            break
+        if i == j or levels[j] - levels[i] <= rel_tol * bound:
+            # the least bound left is within rel_tol of every plan in its levels: final
+            try_plan(j)
+            break
+        if deadline is not None and time.perf_counter() > deadline:
+            stats.truncated = True
+            break
+        # split by tail value, not index: depth ~ log2(tail range / (rel_tol·T))
+        m = int(np.searchsorted(levels, (levels[i] + levels[j]) / 2, side="right")) - 1
+        m = min(max(m, i), j - 1)
+        fm = f(m)
+        try_plan(m)
+        if fm is not None:
+            heapq.heappush(heap, (fm + float(levels[i]), i, m))
+        heapq.heappush(heap, (f(j) + float(levels[m + 1]), m + 1, j))
+    if best is None:
+        return Assignment(tuple([0] * len(p.a_s)), tuple(() for _ in p.a_s), np.inf, 0.0, bound)
+    return Assignment(best.counts, best.microbatches, best.pipe_s, best.tail_s, min(bound, best.objective_s))

@@ -1,0 +1,60 @@
+"""The all-stage-counts DP for identical decoder layers against the general partition DP."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from solvers.partition import StageOptions, min_max_tail, split_frontier
+from solvers.uniform_layers import frontiers, min_max_tails, uniform_view
+
+
+def _uniform_options(rng: np.random.Generator, n: int, num_opts: int, capacity: float) -> StageOptions:
+    """Slot 0 and slot n-1 differ (embedding, head); slots 1..n-2 are identical per option."""
+    shape = (num_opts, n + 1, n + 1)
+    fb, tail, mem, act = (np.full(shape, math.inf) for _ in range(4))
+    for o in range(num_opts):
+        layer = rng.uniform(1, 5, size=4)  # fb, tail, mem, act of one decoder layer
+        ends = rng.uniform(0.5, 3, size=(2, 4))
+        recv = rng.uniform(0, 0.5)
+        per_slot = np.vstack([ends[0], np.tile(layer, (n - 2, 1)), ends[1]])
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                s = per_slot[i:j].sum(axis=0)
+                fb[o, i, j] = s[0] + recv * ((i > 0) + (j < n))
+                tail[o, i, j], mem[o, i, j], act[o, i, j] = s[1], s[2], s[3]
+    return StageOptions(fb, tail, mem, act, capacity)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_uniform_frontiers_match_general_dp(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 9))
+    opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    view = uniform_view(opts)
+    assert view is not None
+    counts = list(range(1, n + 1))
+    fast = frontiers(view, counts)
+    tails = min_max_tails(view, counts)
+    for s in counts:
+        ref = split_frontier([opts] * s, with_tail=False)
+        got = fast.get(s, [])
+        assert [(round(p.a_s, 9), round(p.c_s, 9)) for p in got] == [(round(p.a_s, 9), round(p.c_s, 9)) for p in ref]
+        for p in got:  # the recovered split really has the reported costs
+            assert p.ranges[0][0] == 0 and p.ranges[-1][1] == n - 1
+            for (i, j), o, f in zip(p.ranges, p.options, p.fb):
+                assert math.isclose(opts.fb[o, i, j + 1], f, rel_tol=1e-9)
+        ref_tail = min_max_tail([opts] * s)
+        assert (tails[s] is None) == (ref_tail is None)
+        if ref_tail is not None:
+            assert math.isclose(tails[s], ref_tail, rel_tol=1e-9)
+
+
+def test_position_dependent_layers_are_refused() -> None:
+    rng = np.random.default_rng(0)
+    opts = _uniform_options(rng, 6, 2, 30.0)
+    fb = opts.fb.copy()
+    fb[:, 2, 3] += 1.0  # decoder slot 2 is slower than the others
+    assert uniform_view(StageOptions(fb, opts.tail, opts.mem_fixed, opts.act, opts.capacity)) is None
