@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.cli.emit_cmd",
     "planner.cli.explain_cmd",
     "planner.cli.profile_cmd",
+    "planner.cli.bench_cmd",
 )
 
 

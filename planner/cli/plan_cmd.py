@@ -91,8 +91,9 @@ def plan_command(
     knobs: Path | None = KNOBS_OPT,
     measured_only: bool = typer.Option(False, "--measured-only",
                                        help="with --profiles: plan only with measured points (no analytic fallback)"),
-    target: str | None = typer.Option(None, "--target", help="megatron, flagscale (search only plans that "
-                                      "engine runs) or any; with --out, also write the launch files"),
+    target: str | None = typer.Option(None, "--target", help="megatron, flagscale, torchtitan, deepspeed "
+                                      "(search only plans that engine runs), slurm or any; with --out, also "
+                                      "write the launch files"),
     out: Path | None = typer.Option(None, "--out", help="write DIR/plan.json (and launch files with --target)"),
     force: bool = typer.Option(False, "--force", help="replace an existing DIR/plan.json"),
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of tables"),

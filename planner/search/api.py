@@ -138,14 +138,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     homogeneous pipelines (one group type each; pipelines still differ from each other). The result's
     coverage is the narrowest one used.
 
-    `target="megatron"` (or "flagscale", searched in the same grid space for now) restricts the search
-    to plans that engine runs (`megatron_grid`)."""
+    `target` restricts the search to plans one engine runs: "megatron", "torchtitan" and "deepspeed"
+    search Megatron's grid (`megatron_grid`; their emitters refuse, with the reason, what they cannot
+    express), "flagscale" searches per-mesh tp / stage-dp chains (`flagscale_grid`); "slurm" and
+    "any" take the full search."""
     start = time.perf_counter()
     cost = cost or AnalyticCostModel()
-    if target in ("megatron", "flagscale"):
-        return _grid_search(model, cluster, training, cost, start)
-    if target not in (None, "any"):
-        raise HetplanError("target", f"unknown target '{target}' (megatron, flagscale, any)")
+    if target in ("megatron", "flagscale", "torchtitan", "deepspeed"):
+        return _grid_search(model, cluster, training, cost, start, target)
+    if target not in (None, "any", "slurm"):
+        raise HetplanError("target", f"unknown target '{target}' (megatron, flagscale, torchtitan, deepspeed, "
+                           "slurm, any)")
     if solver not in ("cpsat", "cbc", "highs"):
         raise HetplanError("solver", f"unknown solver '{solver}' (cpsat, cbc, highs)")
     if training.schedule != "1f1b":
@@ -367,12 +370,17 @@ def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tu
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-                 start: float) -> SearchResult:
+                 start: float, target: str) -> SearchResult:
+    from planner.search.flagscale_grid import best_flagscale_plan
     from planner.search.megatron_grid import best_megatron_plan
 
     if not cluster.node_list:
         raise InfeasibleError("cluster", "the cluster has no GPUs: nothing to plan")
-    found = best_megatron_plan(model, cluster, training, cost, micro_batch_sizes(training))
+    finder = best_flagscale_plan if target == "flagscale" else best_megatron_plan
+    found = finder(model, cluster, training, cost, micro_batch_sizes(training))
+    if found is None and target == "flagscale":
+        raise InfeasibleError("target", "no FlagScale mesh chain (identical replicas, one cp and recompute mode, "
+                              "every stage holding a decoder layer) fits this model on this cluster")
     if found is None:
         raise InfeasibleError("target", "no Megatron grid (identical pipelines, one tp/cp, Megatron rank "
                               "order over the nodes in file order) fits this model on this cluster")
@@ -386,7 +394,8 @@ def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             idle[s.gpu] -= s.num_gpus
     idle = {g: n for g, n in idle.items() if n}
     stats = {"gpus_used": used, "search_s": time.perf_counter() - start}
-    return SearchResult(plan, pred, pred.step_s, 0.0, [], "megatron-grid", idle, _explain(plan, pred, idle), stats)
+    coverage = "flagscale-meshes" if target == "flagscale" else "megatron-grid"
+    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle), stats)
 
 
 def _alternatives(candidates: list[_Candidate], top_k: int) -> list[Plan]:

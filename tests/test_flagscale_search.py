@@ -1,0 +1,144 @@
+"""Properties of the FlagScale-restricted search (`planner.search.flagscale_grid`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner import get_model, load_cluster
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.emit.flagscale import check_flagscale, hetero_section, meshes
+from planner.errors import HetplanError
+from planner.search.flagscale_grid import best_flagscale_plan
+from planner.search.megatron_grid import best_megatron_plan
+from planner.search.options import OptionContext, build_options
+from planner.search.space import resource_classes
+from planner.specs.training import TrainingSpec
+from planner.validate import violations
+from solvers.partition import split_frontier
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+fg = sys.modules["planner.search.flagscale_grid"]  # `planner.search` is also a function name
+
+# 2 x H100-80GB + 4 x V100-16GB: the small V100s need a wide tensor-parallel group for gpt3-2.7b
+# layers, the H100s do best with a narrow one, which one Megatron grid (one tp) cannot express.
+TWO_TYPE = "nodes:\n  - {gpu: H100-SXM5-80GB, nodes: 1, gpus_per_node: 2}\n" \
+           "  - {gpu: V100-16, nodes: 1, gpus_per_node: 4}\n"
+
+
+@pytest.fixture(scope="module")
+def two_type(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("fs") / "two_type.yaml"
+    path.write_text(TWO_TYPE)
+    return load_cluster(path)
+
+
+def _cases(two_type) -> list[tuple]:
+    tiny = load_cluster(EXAMPLES / "tiny_cluster.yaml")
+    return [
+        (get_model("tiny"), tiny, TrainingSpec(global_batch=8, seq_len=128, micro_batches=(1, 2))),
+        (get_model("gpt3-1.3b"), tiny, TrainingSpec(global_batch=16, seq_len=2048, micro_batches=(1,))),
+        (get_model("gpt3-2.7b"), two_type, TrainingSpec(global_batch=16, seq_len=2048, micro_batches=(1,))),
+        (get_model("gpt3-1.3b"), two_type, TrainingSpec(global_batch=8, seq_len=2048, micro_batches=(1, 2))),
+    ]
+
+
+def _search(model, cluster, training, cost=None):
+    cost = cost or AnalyticCostModel()
+    return best_flagscale_plan(model, cluster, training, cost, list(training.micro_batches))
+
+
+def test_every_plan_validates_and_flagscale_accepts_it(two_type) -> None:
+    cost = AnalyticCostModel()
+    for model, cluster, training in _cases(two_type):
+        found = _search(model, cluster, training, cost)
+        assert found is not None
+        plan, pred = found
+        assert violations(plan, cluster, cost) == []
+        check_flagscale(plan)
+        hetero_section(plan, cluster)  # meshes, dp_0·mbs rule and node-contiguous ranks
+        assert math.isfinite(pred.step_s) and pred.step_s > 0
+
+
+def test_never_slower_than_the_megatron_grid(two_type) -> None:
+    cost = AnalyticCostModel()
+    compared = 0
+    for model, cluster, training in _cases(two_type):
+        _, pred = _search(model, cluster, training, cost)
+        grid = best_megatron_plan(model, cluster, training, cost, list(training.micro_batches))
+        if grid is None:
+            continue
+        try:
+            check_flagscale(grid[0])
+        except HetplanError:  # e.g. an embedding-only stage: not in FlagScale's space
+            continue
+        assert pred.step_s <= grid[1].step_s * (1 + 1e-9), (model.name, pred.step_s, grid[1].step_s)
+        compared += 1
+    assert compared == len(_cases(two_type))  # every grid here is a FlagScale plan too
+
+
+def test_per_mesh_tensor_parallel_beats_one_grid_on_two_types(two_type) -> None:
+    cost = AnalyticCostModel()
+    model = get_model("gpt3-2.7b")
+    training = TrainingSpec(global_batch=16, seq_len=2048, micro_batches=(1,))
+    plan, pred = _search(model, two_type, training, cost)
+    grid = best_megatron_plan(model, two_type, training, cost, [1])
+    assert grid is not None
+    assert len({m.tp for m in meshes(plan)}) > 1
+    assert pred.step_s < grid[1].step_s
+
+
+def test_same_input_same_plan(two_type) -> None:
+    model, cluster, training = _cases(two_type)[3]
+    first = _search(model, cluster, training)
+    second = _search(model, cluster, training)
+    assert first[0].to_json() == second[0].to_json()
+    assert first[1].step_s == second[1].step_s
+
+
+def _exhaustive_step_s(model, cluster, training, cost) -> float:
+    """Every run combination and order of the same space, each split by the full frontier."""
+    classes = resource_classes(cluster)
+    best = math.inf
+    for g in fg._groups(model, training, classes, list(training.micro_batches)):
+        widths = [fg._widths(cost, model, training, rc, g, cluster.single_node) for rc in classes]
+        choices, _ = fg._choices(widths, classes, g, model.num_layers)
+        ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, cluster.single_node)
+        for combo in itertools.product(*choices):
+            used = [c for c in combo if c[0] is not None]
+            if not used or sum(p for _, p in used) > model.num_layers:
+                continue
+            for order in itertools.permutations(used):
+                pos = [fg._masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
+                       for w, p in order for _ in range(p)]
+                front = split_frontier(pos, max_in_flight=min(g.microbatches, len(pos)))
+                for sp in front:
+                    best = min(best, fg._value(sp, g.microbatches) + cost.knobs.step_overhead_s)
+    return best
+
+
+def test_bounds_prune_nothing_better_than_the_answer() -> None:
+    cost = AnalyticCostModel()
+    model = get_model("tiny")
+    cluster = load_cluster(EXAMPLES / "tiny_cluster.yaml")
+    training = TrainingSpec(global_batch=8, seq_len=128, micro_batches=(1, 2))
+    _, pred = _search(model, cluster, training, cost)
+    assert pred.step_s == pytest.approx(_exhaustive_step_s(model, cluster, training, cost), rel=1e-9)
+
+
+def test_mixed_pool_uses_meshes_megatron_cannot_express() -> None:
+    cost = AnalyticCostModel()
+    model = get_model("llama2-13b")
+    cluster = load_cluster(EXAMPLES / "mixed.yaml")
+    training = TrainingSpec(global_batch=64, seq_len=4096, micro_batches=(1,))
+    plan, pred = _search(model, cluster, training, cost)
+    assert violations(plan, cluster, cost) == []
+    hetero_section(plan, cluster)
+    shapes = {(m.tp, m.dp) for m in meshes(plan)}
+    assert len({m.gpu for m in meshes(plan)}) > 1 and len(shapes) > 1
+    grid = best_megatron_plan(model, cluster, training, cost, [1])
+    assert grid is not None and pred.step_s <= grid[1].step_s * (1 + 1e-9)
