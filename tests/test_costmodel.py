@@ -188,3 +188,28 @@ def test_tp_group_stays_on_nvlink_when_cp_spans_nodes() -> None:
     tp_only = cost.layer_table(dev, Shard(8, 1, 1, 1, "none", 8192), m, training).fwd_s[1]
     with_cp = cost.layer_table(dev, Shard(8, 2, 1, 1, "none", 8192), m, training).fwd_s[1]
     assert with_cp < tp_only, "halving the tokens per GPU must not be eaten by TP running over the NIC"
+
+
+def test_collectives_on_arrays_equal_the_scalar_formulas() -> None:
+    """The search costs every layer range at once; each entry must be bit-identical to the scalar
+    call the evaluator makes."""
+    import numpy as np
+
+    from planner.costmodel import comm, stage
+    from planner.costmodel.base import device_class_of
+    from planner.costmodel.knobs import Knobs
+    from planner.specs.cluster import NodeGroup
+
+    knobs = Knobs()
+    dev = device_class_of(NodeGroup(gpu="A100-SXM4-80GB", nodes=4, gpus_per_node=8))
+    sizes = np.array([0.0, 1.0, 3e3, 7.5e6, 1.3e9, 4.4e10])
+    for copies in (1, 2, 6, 64):
+        for zero in (0, 1):
+            arr = stage.grad_sync_s(knobs, dev, sizes, 2, copies, zero, False)
+            assert list(arr) == [stage.grad_sync_s(knobs, dev, float(x), 2, copies, zero, False) for x in sizes]
+            assert list(stage.optimizer_s(knobs, dev, sizes, zero, copies)) == \
+                [stage.optimizer_s(knobs, dev, float(x), zero, copies) for x in sizes]
+    link = dev.nic_link(knobs)
+    for n in (1, 2, 8):
+        assert list(comm.all_gather_s(knobs, sizes, n, link)) == [comm.all_gather_s(knobs, float(x), n, link) for x in sizes]
+        assert isinstance(comm.all_reduce_s(knobs, 5e6, n, link), float)

@@ -101,8 +101,8 @@ def weight_copies(replicas: int, dp: int, cp: int, hp: int) -> int:
     return replicas * dp * cp * hp
 
 
-def grad_sync_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, tp: int, copies: int,
-                zero: int, single_node: bool) -> float:
+def grad_sync_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float | np.ndarray, tp: int, copies: int,
+                zero: int, single_node: bool) -> float | np.ndarray:
     """Gradient reduction of one stage's TP shard over all `copies` that hold it (`weight_copies`).
 
     Copies of the same shard are assumed packed onto a node as far as it holds them (CP/head ranks
@@ -112,14 +112,15 @@ def grad_sync_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, tp: int, 
     3/4 of an all-reduce's traffic.
     """
     if copies <= 1:
-        return 0.0
+        return 0.0 if np.ndim(params_per_gpu) == 0 else np.zeros(np.shape(params_per_gpu))
     per_node = copies if single_node else max(1, min(copies, dev.gpus_per_node // max(1, tp)))
     t = comm.hierarchical_all_reduce_s(knobs, params_per_gpu * GRAD_BYTES, copies, per_node,
                                        dev.intra_link(knobs), dev.nic_link(knobs))
     return 0.75 * t if zero >= 1 else t
 
 
-def optimizer_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float, zero: int, dp_total: int) -> float:
+def optimizer_s(knobs: Knobs, dev: DeviceClass, params_per_gpu: float | np.ndarray, zero: int,
+                dp_total: int) -> float | np.ndarray:
     """Adam step: memory-bound over the parameters this GPU updates."""
     shard = params_per_gpu / max(1, dp_total) if zero >= 1 else params_per_gpu
     bw = dev.gpu.mem_bw_gbs * 1e9 * knobs.for_gpu(dev.gpu.name).mem_eff

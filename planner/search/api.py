@@ -62,12 +62,18 @@ class _Candidate:
     micro_batch: int
 
 
-def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1) -> list[tuple[int, int]]:
-    """Singletons up to `exact_upto`, then classes [lo, hi] with hi <= lo·ratio."""
+def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1, wide_from: int | None = None,
+                    wide_ratio: float = 4.0) -> list[tuple[int, int]]:
+    """Singletons up to `exact_upto`, then classes [lo, hi] with hi <= lo·ratio (lo·wide_ratio once
+    lo >= wide_from: with many pipelines the gradient sync, ring-bound, hardly grows with their
+    number, so wide classes lose little bound)."""
     out = [(r, r) for r in range(1, min(r_max, exact_upto) + 1)]
     lo = exact_upto + 1
     while lo <= r_max:
-        hi = min(r_max, max(lo, int(lo * ratio)))
+        wide = wide_from is not None and lo >= wide_from
+        hi = min(r_max, max(lo, int(lo * (wide_ratio if wide else ratio))))
+        if wide and r_max - hi < hi - lo:  # no sliver class at the top
+            hi = r_max
         out.append((lo, hi))
         lo = hi + 1
     return out
@@ -199,7 +205,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         # coverage groups them more coarsely (the bound absorbs the difference, see module doc).
         exact = provider.coverage == "exact"
         rclasses = (replica_classes(max(1, r_max)) if exact
-                    else replica_classes(max(1, r_max), exact_upto=2, ratio=2.0))
+                    else replica_classes(max(1, r_max), exact_upto=2, ratio=2.0, wide_from=32))
         units = [_Unit(b, provider, lo, hi, microbatches) for lo, hi in rclasses]
         if not exact:  # large pools: solved best-first across microbatch sizes, below
             pending.extend(units)

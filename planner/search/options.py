@@ -71,9 +71,9 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
         key = (shape.tp, copies_sync, copies_mem)
         if key not in tail_parts:  # shapes differing only in recompute or cp/dp split share these
             uniq, inverse = np.unique(params, return_inverse=True)
-            sync_u = np.array([st.grad_sync_s(knobs, rc.dev, p, shape.tp, copies_sync,
-                                              ctx.training.zero, ctx.single_node) for p in uniq])
-            opt_u = np.array([st.optimizer_s(knobs, rc.dev, p, ctx.training.zero, copies_mem) for p in uniq])
+            sync_u = np.asarray(st.grad_sync_s(knobs, rc.dev, uniq, shape.tp, copies_sync,
+                                               ctx.training.zero, ctx.single_node))
+            opt_u = np.asarray(st.optimizer_s(knobs, rc.dev, uniq, ctx.training.zero, copies_mem))
             tail_parts[key] = (sync_u[inverse], opt_u[inverse])
         sync, opt = tail_parts[key]
         tail[o, i_idx, j_idx] = np.maximum(0.0, sync - knobs.dp_overlap * b) + opt
