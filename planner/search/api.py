@@ -205,7 +205,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         # coverage groups them more coarsely (the bound absorbs the difference, see module doc).
         exact = provider.coverage == "exact"
         rclasses = (replica_classes(max(1, r_max)) if exact
-                    else replica_classes(max(1, r_max), exact_upto=2, ratio=2.0, wide_from=32))
+                    else replica_classes(max(1, r_max), exact_upto=8, ratio=1.5, wide_from=32))
         units = [_Unit(b, provider, lo, hi, microbatches) for lo, hi in rclasses]
         if not exact:  # large pools: solved best-first across microbatch sizes, below
             pending.extend(units)
@@ -338,11 +338,23 @@ def _solve_unit(u: _Unit, ctx: _Context, solver: str, start: float, time_limit: 
     elif lb is not None and not getattr(provider, "truncated", False):
         ctx.bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
     if sol is not None and any(sol.counts):
-        chosen = [(plan_set[t], sol.microbatches[t]) for t in range(len(plan_set)) if sol.counts[t]]
-        plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, u.b, chosen)
-        pred = evaluate(plan, ctx.cluster, ctx.cost)
-        ctx.candidates.append(_Candidate(pred.step_s, plan, pred, u.b))
+        _add_candidate(plan_set, sol, u.b, ctx)
+        copies = int(sum(sol.counts))
+        if provider.coverage != "exact" and copies > u.lo:
+            # tails were costed for lo pipelines: re-solve with them costed for the count chosen
+            exact_set, _ = provider.templates(copies, copies)
+            again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (copies, copies)),
+                              None, start, time_limit, unit)[0]
+            if again is not None and any(again.counts):
+                _add_candidate(exact_set, again, u.b, ctx)
     return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
+
+
+def _add_candidate(templates: list[Template], sol: Assignment, micro_batch: int, ctx: _Context) -> None:
+    chosen = [(templates[t], sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
+    plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, micro_batch, chosen)
+    pred = evaluate(plan, ctx.cluster, ctx.cost)
+    ctx.candidates.append(_Candidate(pred.step_s, plan, pred, micro_batch))
 
 
 def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args: tuple, solver: str,
