@@ -11,17 +11,20 @@ from pathlib import Path
 import pytest
 
 from benchmarks.baselines import BASELINES, largest_type
+from benchmarks.baselines import megatron_uniform as mu
+from benchmarks.baselines.common import (
+    RECOMPUTE_ORDER,
+    place_groups,
+    proportional_counts,
+)
 from benchmarks.baselines.flashflex import (
     cut_by_tflops,
     flashflex_candidate,
     repair_memory,
 )
-from benchmarks.baselines.metis import (
-    place_groups,
-    proportional_counts,
-    stage_partitions,
-)
+from benchmarks.baselines.metis import stage_partitions
 from planner.costmodel.analytic import AnalyticCostModel
+from planner.costmodel.knobs import default_knobs
 from planner.errors import InfeasibleError
 from planner.evaluate import evaluate, stage_costs
 from planner.plan import Plan, compress_devices, expand_devices
@@ -258,3 +261,77 @@ def test_search_is_never_slower_than_any_baseline(key):
         theirs = planned(name, key).predicted.step_s
         assert ours <= theirs * (1 + 1e-9) or math.isclose(ours, theirs, rel_tol=1e-9), \
             f"{name} found {theirs:.6f} s, search {ours:.6f} s on {key}"
+
+
+# -- Megatron-uniform fast path -----------------------------------------------------------------------
+
+ODD_NODES = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", gpus_per_node=4, nodes=2),
+                               NodeGroup(gpu="V100-SXM2-32GB", gpus_per_node=6),
+                               NodeGroup(gpu="A100-SXM4-80GB", gpus_per_node=2),
+                               NodeGroup(gpu="T4", gpus_per_node=1, nodes=2)])
+OVERLAP = AnalyticCostModel(default_knobs().model_copy(update={"dp_overlap": 0.7}))
+
+
+def brute_uniform(model, cluster, training, cost, nodes, most_gpus):
+    """Every grid built, validated and scored; the least (most GPUs if asked, step, GPUs, tp, pp,
+    microbatch, recompute) wins."""
+    ranks = mu._ranks(nodes)
+    best = None
+    for grid in mu.grids(model, training, ranks):
+        plan = mu.grid_plan(model, training, ranks, grid)
+        if violations(plan, cluster, cost):
+            continue
+        step = evaluate(plan, cluster, cost, check=False).step_s
+        key = (-grid.gpus if most_gpus else 0, step, grid.gpus, grid.tp, grid.pp, grid.micro_batch,
+               RECOMPUTE_ORDER.index(grid.recompute))
+        if best is None or key < best[0]:
+            best = (key, plan)
+    return best and best[1]
+
+
+@pytest.mark.parametrize("cost", [COST, OVERLAP], ids=["analytic", "dp-overlap"])
+@pytest.mark.parametrize("most_gpus", [False, True])
+@pytest.mark.parametrize("key", ["mixed-llama2-7b", "three-types-tiny"])
+def test_megatron_uniform_returns_the_plan_brute_force_finds(key, most_gpus, cost):
+    cluster, model, training = case(key)
+    if key == "mixed-llama2-7b":  # ZeRO-1 and GPipe exercise the other memory and pipeline terms
+        training = training.model_copy(update={"zero": 1, "schedule": "gpipe", "micro_batches": (1, 2)})
+    fast = mu.best_uniform_plan(model, cluster, training, cost, most_gpus=most_gpus)
+    slow = brute_uniform(model, cluster, training, cost, list(cluster.node_list), most_gpus)
+    assert slow is not None and fast is not None
+    assert fast[0].model_copy(update={"predicted": None}).to_json() == slow.to_json()
+    assert fast[1] == evaluate(slow, cluster, cost)
+
+
+@pytest.mark.parametrize("cost", [COST, OVERLAP], ids=["analytic", "dp-overlap"])
+def test_megatron_grid_step_is_the_evaluators_step_and_memory_rule(cost):
+    model, training = get_model("tiny"), TrainingSpec(global_batch=48, seq_len=1024, micro_batches=(1, 2, 8))
+    cluster, memo = ODD_NODES, mu.Memo()
+    nodes = list(cluster.node_list)
+    ranks, runs = mu._ranks(nodes), mu._runs(cluster, nodes)
+    fits = 0
+    for grid in mu.grids(model, training, ranks):
+        plan = mu.grid_plan(model, training, ranks, grid)
+        step = mu.grid_step_s(model, cluster, training, cost, runs, grid, memo)
+        found = violations(plan, cluster, cost)
+        assert (step is None) == bool(found), f"{grid}: predicted {step}, validator {[str(v) for v in found]}"
+        if step is not None:
+            fits += 1
+            assert step == pytest.approx(evaluate(plan, cluster, cost).step_s, rel=1e-12), grid
+    assert fits, "some grid should fit"
+
+
+def test_megatron_fit_limit_is_the_groups_in_nodes_rule():
+    ranks = mu._ranks(list(ODD_NODES.node_list))
+    for tp in (1, 2, 4, 8):
+        limit = mu._fit_limit(ranks, tp)
+        for used in range(tp, len(ranks) + 1, tp):
+            assert mu._groups_fit(ranks, tp, used) == (used <= limit), (tp, used)
+
+
+def test_megatron_single_type_matches_brute_force():
+    cluster, model, training = case("mixed-llama2-7b")
+    gpu = largest_type(cluster, training)
+    fast = mu.best_uniform_plan(model, cluster, training, COST, single_type=gpu)
+    slow = brute_uniform(model, cluster, training, COST, [n for n in cluster.node_list if n.gpu == gpu], False)
+    assert fast[0].model_copy(update={"predicted": None}).to_json() == slow.to_json()

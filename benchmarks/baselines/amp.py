@@ -21,9 +21,7 @@ import itertools
 import math
 from collections.abc import Iterable
 
-from benchmarks.baselines.megatron_uniform import Grid, _groups_fit, _ranks, grid_plan
-from benchmarks.baselines.metis import (
-    ORDER_FINALISTS,
+from benchmarks.baselines.common import (
     first_recompute,
     micro_batch_sizes,
     pick_best,
@@ -31,6 +29,8 @@ from benchmarks.baselines.metis import (
     tp_degrees,
     type_device_class,
 )
+from benchmarks.baselines.megatron_uniform import Grid, _groups_fit, _ranks, grid_plan
+from benchmarks.baselines.metis import ORDER_FINALISTS
 from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 
-from benchmarks.baselines.megatron_uniform import RECOMPUTE_ORDER
-from benchmarks.baselines.metis import (
+from benchmarks.baselines.common import (
+    RECOMPUTE_ORDER,
     micro_batch_sizes,
     pick_best,
     proportional_counts,

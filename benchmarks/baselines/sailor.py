@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 
-from benchmarks.baselines.metis import (
+from benchmarks.baselines.common import (
     first_recompute,
     micro_batch_sizes,
     pick_best,
