@@ -102,10 +102,13 @@ class ClusterSpec(BaseModel):
     def single_node(self) -> bool:
         return len(self.node_list) == 1
 
+    @cached_property
+    def _node_by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in self.node_list}
+
     def node(self, name: str) -> Node:
-        for node in self.node_list:
-            if node.name == name:
-                return node
+        if name in self._node_by_name:
+            return self._node_by_name[name]
         raise HetplanError("devices", f"unknown node '{name}' (cluster has node0..node{len(self.node_list) - 1})")
 
     def zone_gbs(self, a: str, b: str) -> float | None:
