@@ -52,6 +52,12 @@ class _CapacityLP:
         self._highs.setOptionValue("output_flag", False)
         self._highspy = highspy
 
+    def nonzero_usage(self) -> list[list[tuple[int, int]]]:
+        """Per template, its (class, GPUs) pairs with GPUs > 0 (computed once)."""
+        if getattr(self, "_nonzero", None) is None:
+            self._nonzero = [[(int(k), int(u)) for k, u in enumerate(row) if u] for row in self.usage[self.of]]
+        return self._nonzero
+
     def best_per_group(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Largest capacity of each usage group and the (lowest-index) template reaching it."""
         n_groups = self.usage.shape[0]
@@ -224,7 +230,7 @@ def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb:
     above the LP bound, the LP's copies rounded down (and up where the GPUs allow), spare GPUs
     filled with the same templates; each scored exactly. The best is dealt out by water-filling."""
     best: tuple[float, np.ndarray] | None = None
-    nonzero = [[(int(k), int(u)) for k, u in enumerate(row) if u] for row in p.usage]
+    nonzero = lp.nonzero_usage()
     for step in (1e-4, 1e-3, 4e-3, 1.6e-2, 6.4e-2, 0.25):
         t = max(t_lb, 1e-12) * (1 + step)
         caps = _caps(p, allowed, t)

@@ -58,3 +58,30 @@ def test_position_dependent_layers_are_refused() -> None:
     fb = opts.fb.copy()
     fb[:, 2, 3] += 1.0  # decoder slot 2 is slower than the others
     assert uniform_view(StageOptions(fb, opts.tail, opts.mem_fixed, opts.act, opts.capacity)) is None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_two_run_frontiers_match_general_dp(seed: int) -> None:
+    from solvers.two_runs import chain_frontiers, chain_min_max_tails
+
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(4, 9))
+    top_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    bottom_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    top, bottom = uniform_view(top_opts), uniform_view(bottom_opts)
+    rows = [(k1, k2) for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+    fast = chain_frontiers(top, bottom, rows)
+    tails = chain_min_max_tails(top, bottom, rows)
+    for k1, k2 in rows:
+        positions = [top_opts] * k1 + [bottom_opts] * k2
+        ref = split_frontier(positions, with_tail=False)
+        got = fast.get((k1, k2), [])
+        assert [(round(p.a_s, 9), round(p.c_s, 9)) for p in got] == [(round(p.a_s, 9), round(p.c_s, 9)) for p in ref]
+        for p in got:
+            for s, ((i, j), o, f) in enumerate(zip(p.ranges, p.options, p.fb)):
+                opts = top_opts if s < k1 else bottom_opts
+                assert math.isclose(opts.fb[o, i, j + 1], f, rel_tol=1e-9)
+        ref_tail = min_max_tail(positions)
+        assert (tails[(k1, k2)] is None) == (ref_tail is None)
+        if ref_tail is not None:
+            assert math.isclose(tails[(k1, k2)], ref_tail, rel_tol=1e-9)

@@ -140,8 +140,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 
     Coverage per microbatch size: "exact" when the model has at most `exact_max_layers` slots and
     there are at most `exact_limit` ordered group sequences; else pipelines of up to `max_blocks`
-    runs of identical groups when that lists at most `mixed_limit` two-run skeletons, else
-    homogeneous pipelines (one group type each; pipelines still differ from each other). The result's
+    runs of identical groups, the two-run ones limited to the most stages that keep them within
+    `mixed_limit` skeletons ("blocks<=2,mixed<=K"), or homogeneous pipelines only when not even
+    two-stage mixed ones fit ("blocks<=1"; pipelines still differ from each other). The result's
     coverage is the narrowest one used.
 
     `target` restricts the search to plans one engine runs: "megatron", "torchtitan" and "deepspeed"
@@ -195,8 +196,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             # the frontier enumeration stops at 80 % of the time limit (what it skipped is then
             # covered by the fluid bound); protos are built when a unit of this size is solved
             deadline = None if time_limit is None else start + 0.8 * time_limit
-            blocks = max_blocks if count_two_run_skeletons(type_list, avail, n_slots) <= mixed_limit else 1
-            provider = BlocksProvider(*args, max_blocks=min(max_blocks, blocks), deadline=deadline)
+            mixed_len = _mixed_length(type_list, avail, n_slots, mixed_limit) if max_blocks >= 2 else None
+            provider = BlocksProvider(*args, max_blocks=max_blocks if mixed_len else 1, deadline=deadline,
+                                      max_mixed_len=mixed_len)
         coverages.add(provider.coverage)
         providers.append(provider)
         microbatches = training.global_batch // b
@@ -268,7 +270,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     explanation = _explain(plan, pred, idle)
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
-    coverage = next(c for c in ("blocks<=1", "blocks<=2", "exact") if c in coverages) if coverages else "exact"
+    coverage = min(coverages, key=_coverage_rank) if coverages else "exact"
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
 
 
@@ -296,6 +298,28 @@ class _Context:
     unsolved_sizes: set[int]  # added to
     stats: SolverStats
     explored: dict[str, int]
+
+
+def _coverage_rank(name: str) -> tuple[int, int]:
+    """Narrowest first: blocks<=1, then blocks<=2 with the shortest mixed pipelines, ..., exact."""
+    if name == "exact":
+        return (9, 0)
+    blocks = int(name.split(",")[0].split("<=")[1])
+    mixed = int(name.split("mixed<=")[1]) if "mixed<=" in name else 10**6
+    return (blocks, mixed)
+
+
+def _mixed_length(types: list, avail: tuple[int, ...], n_slots: int, limit: int) -> int | None:
+    """Longest two-run pipelines (in stages) that keep the two-run skeletons within `limit`; None
+    when not even two-stage ones fit (then only homogeneous pipelines are searched)."""
+    if count_two_run_skeletons(types, avail, n_slots) <= limit:
+        return n_slots
+    best = None
+    for length in range(2, n_slots + 1):
+        if count_two_run_skeletons(types, avail, length) > limit:
+            break
+        best = length
+    return best
 
 
 def _skip(keyed: list[tuple[float | None, int, _Unit]], overhead: float, ctx: _Context) -> None:

@@ -28,6 +28,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
+from solvers.two_runs import chain_frontiers, chain_min_max_tails
 from solvers.uniform_layers import frontiers, least_a, min_max_tails, uniform_view
 
 
@@ -64,6 +65,24 @@ def _homogeneous_runs(skeletons: list[tuple[BlockType, ...]]) -> dict[BlockType,
         if len(set(sk)) == 1:
             out.setdefault(sk[0], []).append(len(sk))
     return out
+
+
+def _two_run_rows(skeletons: list[tuple[BlockType, ...]]) -> dict[tuple[BlockType, BlockType], list[tuple[int, int]]]:
+    """(k1, k2) of every skeleton made of exactly two runs, per (first, second) block type."""
+    out: dict[tuple[BlockType, BlockType], list[tuple[int, int]]] = {}
+    for sk in skeletons:
+        kinds = list(dict.fromkeys(sk))
+        if len(kinds) == 2:
+            k1 = sk.index(kinds[1])
+            out.setdefault((kinds[0], kinds[1]), []).append((k1, len(sk) - k1))
+    return out
+
+
+def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) -> str:
+    """'blocks<=2', or 'blocks<=2,mixed<=K' when pipelines of two runs are limited to K stages."""
+    if max_blocks >= 2 and max_mixed_len is not None and max_mixed_len < num_slots:
+        return f"blocks<={max_blocks},mixed<={max_mixed_len}"
+    return f"blocks<={max_blocks}"
 
 
 class ExactProvider:
@@ -107,11 +126,12 @@ class _Proto:
 class BlocksProvider:
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
-                 single_node: bool, max_blocks: int = 2, deadline: float | None = None) -> None:
+                 single_node: bool, max_blocks: int = 2, deadline: float | None = None,
+                 max_mixed_len: int | None = None) -> None:
         self.cost, self.model, self.training, self.classes = cost, model, training, classes
         self.shapes, self.micro_batch, self.single_node = shapes, micro_batch, single_node
-        self.coverage = f"blocks<={max_blocks}"
-        self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks)
+        self.coverage = coverage_name(max_blocks, max_mixed_len, model.num_layer_slots)
+        self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks, max_mixed_len)
         self.stats = ProviderStats(skeletons=len(self.skeletons))
         self.deadline = deadline
         self.truncated = False  # the deadline stopped the frontier enumeration: no bound from here
@@ -184,8 +204,18 @@ class BlocksProvider:
             for s, splits in sorted(frontiers(view, counts).items()):
                 out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
                            for sp in splits)
+        pairs = _two_run_rows(self.skeletons)
+        views.update({bt: (uniform_view(opts[bt], trusted=True) if self._uniform.setdefault(
+            bt, uniform_view(full[bt]) is not None) else None) for xy in pairs for bt in xy if bt not in views})
+        for (x, y), rows in pairs.items():  # two runs over identical layers: all (k1, k2) at once
+            if views[x] is None or views[y] is None:
+                continue
+            for (k1, k2), splits in sorted(chain_frontiers(views[x], views[y], rows).items()):
+                sk = (x,) * k1 + (y,) * k2
+                out.extend(_Proto(sk, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for bt, o in zip(sk, sp.options)))
+                           for sp in splits)
         for sk in self.skeletons:
-            if len(set(sk)) == 1 and views[sk[0]] is not None:
+            if all(views.get(bt) is not None for bt in set(sk)) and len(set(sk)) <= 2:
                 continue
             if self.deadline is not None and time.perf_counter() > self.deadline:
                 self.truncated = True
@@ -205,10 +235,20 @@ class BlocksProvider:
         opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
                 for bt in tails}
         least: dict[tuple[BlockType, ...], float | None] = {}
+        views: dict[BlockType, object] = {}
+
+        def view_of(bt: BlockType):
+            if bt not in views:
+                views[bt] = uniform_view(opts[bt], trusted=True) if self._uniform.get(bt) else None
+            return views[bt]
+
         for bt, counts in _homogeneous_runs(self.skeletons).items():
-            view = uniform_view(opts[bt], trusted=True) if self._uniform.get(bt) else None
-            if view is not None:
-                least.update({(bt,) * s: t for s, t in min_max_tails(view, counts).items()})
+            if view_of(bt) is not None:
+                least.update({(bt,) * s: t for s, t in min_max_tails(view_of(bt), counts).items()})
+        for (x, y), rows in _two_run_rows(self.skeletons).items():
+            if view_of(x) is not None and view_of(y) is not None:
+                least.update({(x,) * k1 + (y,) * k2: t
+                              for (k1, k2), t in chain_min_max_tails(view_of(x), view_of(y), rows).items()})
         out = []
         for p in self.lb_protos:
             if p.skeleton not in least:

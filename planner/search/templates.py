@@ -59,7 +59,8 @@ def count_sequences(types: list[BlockType], avail: tuple[int, ...], max_len: int
 
 
 def count_two_run_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int) -> int:
-    """How many skeletons of exactly two runs (on different classes) `block_skeletons` would list."""
+    """How many skeletons of exactly two runs (on different classes), at most `max_len` stages,
+    `block_skeletons` would list."""
     total = 0
     for x in types:
         n_x = min(max_len - 1, avail[x.cls] // x.gpus)
@@ -92,9 +93,11 @@ def exact_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
 
 
 def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int,
-                    max_blocks: int) -> list[tuple[BlockType, ...]]:
+                    max_blocks: int, max_mixed_len: int | None = None) -> list[tuple[BlockType, ...]]:
     """Sequences of at most `max_blocks` runs, each run `count` copies of one block type, the runs
-    on pairwise different GPU classes."""
+    on pairwise different GPU classes; skeletons of two or more runs have at most `max_mixed_len`
+    stages (default `max_len`)."""
+    mixed_len = max_len if max_mixed_len is None else min(max_len, max_mixed_len)
     out: list[tuple[BlockType, ...]] = []
 
     def walk(prefix: list[BlockType], used: list[int], blocks: int, last: BlockType | None) -> None:
@@ -108,6 +111,8 @@ def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
                 if len(prefix) + count > max_len or used[bt.cls] + count * bt.gpus > avail[bt.cls]:
                     break
                 run = [bt] * count
+                if prefix and len(prefix) + count > mixed_len:
+                    break
                 used[bt.cls] += count * bt.gpus
                 out.append(tuple(prefix + run))
                 walk(prefix + run, used, blocks + 1, bt)
@@ -158,6 +163,9 @@ def prune_templates(templates: list[Template]) -> list[Template]:
     out: list[Template] = []
     for usage in sorted(groups):
         group = sorted(groups[usage], key=lambda t: (t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9)))
+        if all(t.max_microbatches is None for t in group):
+            out.extend(_pareto_ae(group))
+            continue
         keep: list[Template] = []
         for t in group:
             tm = t.max_microbatches or 10**9
@@ -165,3 +173,29 @@ def prune_templates(templates: list[Template]) -> list[Template]:
                 keep.append(t)
         out.extend(keep)
     return out
+
+
+def _pareto_ae(group: list[Template]) -> list[Template]:
+    """Templates (sorted by C) not dominated in (A, E) by an earlier one: a staircase of kept
+    (A, least E so far) searched by bisection."""
+    import bisect
+
+    a_keys: list[float] = []  # kept A values, ascending
+    e_min: list[float] = []  # least E among kept templates with A <= a_keys[i]
+    keep: list[Template] = []
+    for t in group:
+        i = bisect.bisect_right(a_keys, t.a_s)
+        if i and e_min[i - 1] <= t.e_s:
+            continue
+        keep.append(t)
+        j = bisect.bisect_left(a_keys, t.a_s)
+        if j < len(a_keys) and a_keys[j] == t.a_s:
+            e_min[j] = min(e_min[j], t.e_s)
+        else:
+            a_keys.insert(j, t.a_s)
+            e_min.insert(j, t.e_s if j == 0 else min(t.e_s, e_min[j - 1]))
+        for k in range(j + 1, len(a_keys)):  # later entries: least E now includes this one
+            if e_min[k] <= t.e_s:
+                break
+            e_min[k] = t.e_s
+    return keep

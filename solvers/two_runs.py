@@ -1,0 +1,121 @@
+"""Pipelines of two runs of identical stage groups (k1 stages of group X, then k2 of group Y) over
+identical decoder layers: every (k1, k2) of one (X, Y) pair in one batched dynamic program.
+
+Same construction as `solvers.uniform_layers` (stage cost by kind and decoder count; the stage with r
+stages left holds r microbatches), with the kind tables of Y for the k2 stages at the tail of the
+pipeline and those of X above them; X's top stage holds the embedding, Y's bottom stage the head.
+Results equal `partition.split_frontier(..., with_tail=False)` and `partition.min_max_tail` on
+`[X] * k1 + [Y] * k2` (`tests/test_uniform_layers.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from solvers.partition import Split, pareto_ac
+from solvers.uniform_layers import INF, Kind, UniformView, _best, _conv, _shift_index
+
+
+def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
+                  caps: np.ndarray) -> list[Split | None]:
+    big_n = top.decoders
+    index, invalid = _shift_index(big_n)
+    k2s = np.array([k2 for _, k2 in rows])
+    total = np.array([k1 + k2 for k1, k2 in rows])
+    value, last_o = _best(bottom.last, 1, caps, bottom.capacity)
+    trace: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    out: list[Split | None] = [None] * len(rows)
+    for r in range(1, int(total.max())):
+        if r >= 2:
+            on_top = r > k2s
+            fb_b, o_b = _best(bottom.mid, r, caps, bottom.capacity)
+            fb_t, o_t = _best(top.mid, r, caps, top.capacity)
+            stage = np.where(on_top[:, None], fb_t, fb_b)
+            value, arg_d = _conv(stage, value, index, invalid)
+            trace.append((arg_d, np.where(on_top[:, None], o_t, o_b), on_top))
+        for b in np.flatnonzero(total == r + 1):
+            first_fb, first_o = _best(top.first, r + 1, caps[[b]], top.capacity)
+            sums = first_fb[0] + value[b, big_n - np.arange(big_n + 1)]
+            d0 = int(np.argmin(sums))
+            if math.isfinite(sums[d0]):
+                out[b] = _recover(top, bottom, int(b), r + 1, d0, int(first_o[0, d0]), trace, last_o)
+    return out
+
+
+def _recover(top: UniformView, bottom: UniformView, b: int, s: int, d0: int, o0: int, trace: list,
+             last_o: np.ndarray) -> Split:
+    big_n, n = top.decoders, top.n
+    ranges, options = [(0, d0)], [o0]
+    fbs, tails = [float(top.first.fb[o0, d0])], [float(top.first.tail[o0, d0])]
+    k, start = big_n - d0, 1 + d0
+    for r in range(s - 1, 1, -1):
+        arg_d, opt, on_top = trace[r - 2]
+        d = int(arg_d[b, k])
+        o = int(opt[b, d])
+        kind = (top if on_top[b] else bottom).mid
+        ranges.append((start, start + d - 1))
+        options.append(o)
+        fbs.append(float(kind.fb[o, d]))
+        tails.append(float(kind.tail[o, d]))
+        start += d
+        k -= d
+    o = int(last_o[b, k])
+    ranges.append((start, n - 1))
+    options.append(o)
+    fbs.append(float(bottom.last.fb[o, k]))
+    tails.append(float(bottom.last.tail[o, k]))
+    return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
+
+
+def chain_frontiers(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
+                    max_rounds: int = 10_000) -> dict[tuple[int, int], list[Split]]:
+    """Every non-dominated (A, C) split of `[X] * k1 + [Y] * k2` for each (k1, k2) in `rows`
+    (k1, k2 >= 1); option indices refer to X's options for the first k1 stages, Y's after."""
+    live = sorted(set(r for r in rows if r[0] >= 1 and r[1] >= 1 and sum(r) <= top.n))
+    found: dict[tuple[int, int], list[Split]] = {r: [] for r in live}
+    caps = {r: INF for r in live}
+    for _ in range(max_rounds):
+        if not live:
+            break
+        sols = _chain_splits(top, bottom, live, np.array([caps[r] for r in live]))
+        nxt = []
+        for row, sol in zip(live, sols):
+            if sol is None:
+                continue
+            found[row].append(sol)
+            caps[row] = float(np.nextafter(sol.c_s, -INF))
+            nxt.append(row)
+        live = nxt
+    return {r: pareto_ac(v) for r, v in found.items() if v}
+
+
+def chain_min_max_tails(top: UniformView, bottom: UniformView,
+                        rows: list[tuple[int, int]]) -> dict[tuple[int, int], float | None]:
+    """Least possible largest stage tail over every memory-feasible split of each (k1, k2)."""
+    big_n = top.decoders
+    index, invalid = _shift_index(big_n)
+    rows = sorted(set(rows))
+    out: dict[tuple[int, int], float | None] = {r: None for r in rows}
+    if not rows:
+        return out
+    k2s = np.array([k2 for _, k2 in rows])
+    total = np.array([k1 + k2 for k1, k2 in rows])
+
+    def best_tail(kind: Kind, flight: int, capacity: float) -> np.ndarray:
+        ok = (kind.mem_fixed + flight * kind.act <= capacity) & np.isfinite(kind.fb)
+        return np.where(ok, kind.tail, INF).min(axis=0)
+
+    value = np.tile(best_tail(bottom.last, 1, bottom.capacity), (len(rows), 1))
+    for r in range(1, int(total.max())):
+        if r >= 2:
+            stage = np.where((r > k2s)[:, None], best_tail(top.mid, r, top.capacity)[None],
+                             best_tail(bottom.mid, r, bottom.capacity)[None])
+            shifted = np.where(invalid[None], INF, value[:, index])
+            value = np.min(np.maximum(stage[:, None, :], shifted), axis=2)
+        first = best_tail(top.first, r + 1, top.capacity)
+        for b in np.flatnonzero(total == r + 1):
+            t = float(np.min(np.maximum(first, value[b, big_n - np.arange(big_n + 1)])))
+            out[rows[b]] = t if math.isfinite(t) else None
+    return out
