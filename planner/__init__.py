@@ -1,10 +1,11 @@
 """hetplan: exact parallelism plans for LLM training on heterogeneous GPU pools."""
 
 from planner.evaluate import evaluate
+from planner.emit.targets import emit  # the function (binds over the subpackage's attribute name)
 from planner.search import SearchResult, search
 from planner.plan import Plan, load_plan
 from planner.specs import ClusterSpec, ModelSpec, TrainingSpec, get_gpu, get_model, load_cluster, load_model
 from planner.validate import validate, violations
 
-__all__ = ["search", "SearchResult", "evaluate", "Plan", "load_plan", "ClusterSpec", "ModelSpec", "TrainingSpec", "get_gpu",
+__all__ = ["search", "SearchResult", "evaluate", "emit", "Plan", "load_plan", "ClusterSpec", "ModelSpec", "TrainingSpec", "get_gpu",
            "get_model", "load_cluster", "load_model", "validate", "violations"]

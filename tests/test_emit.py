@@ -326,3 +326,21 @@ def test_rank_map_is_json_ready_and_deterministic() -> None:
     text = rank_map_json(plan, cluster)
     assert text == rank_map_json(plan.model_copy(deep=True), tiny_cluster())
     assert json.loads(text) == rank_map(plan, cluster)
+
+
+def test_python_api_emit_matches_the_registry() -> None:
+    """`from planner import emit` gives the function; any = every engine that can run, reasons for the rest."""
+    from planner import emit
+    from planner.emit.targets import EMITTERS
+    from planner.errors import HetplanError
+    from planner.plan import load_plan
+    from planner.specs import load_cluster
+
+    root = Path(__file__).resolve().parents[1]
+    plan = load_plan(root / "examples" / "plan_tiny.json")
+    cluster = load_cluster(root / "examples" / "tiny_cluster.yaml")
+    out = emit(plan, cluster, "any")
+    assert set(out.files) | set(out.refused) == set(EMITTERS)
+    assert out.files["rankmap"] == EMITTERS["rankmap"](plan, cluster)
+    with pytest.raises(HetplanError):
+        emit(plan, cluster, "megatron")

@@ -230,7 +230,7 @@ def test_example_api_walkthrough_runs(monkeypatch, capsys) -> None:
     blocks = re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
     assert len(blocks) >= 6, "the walkthrough lost its code blocks"
     joined = "\n".join(blocks)
-    for api in ("load_cluster", "get_model", "search(", "evaluate(", "EMITTERS", "explain("):
+    for api in ("load_cluster", "get_model", "search(", "evaluate(", "emit(", "explain("):
         assert api in joined, f"the walkthrough no longer shows {api}"
     monkeypatch.chdir(REPO)
     namespace: dict[str, object] = {"__name__": "example_api"}

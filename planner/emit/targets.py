@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from planner.emit import flagscale, megatron, rankmap
 from planner.emit.deepspeed import deepspeed_files
@@ -42,3 +43,31 @@ EMITTERS: dict[str, Callable[[Plan, ClusterSpec], Files]] = {
     "deepspeed": deepspeed_files,
     "slurm": slurm_files,
 }
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """Files of every engine that can run the plan, and why the others refused."""
+
+    files: dict[str, Files]
+    refused: dict[str, str]
+
+
+def emit(plan: Plan, cluster: ClusterSpec, target: str = "any") -> Emitted:
+    """Launch files for one target (its refusal raises HetplanError) or, with "any", for every
+    registered engine that can express the plan, with the reasons of those that cannot."""
+    from planner.errors import HetplanError
+
+    if target != "any" and target not in EMITTERS:
+        raise HetplanError("target", f"unknown target '{target}' ({', '.join([*EMITTERS, 'any'])})")
+    names = list(EMITTERS) if target == "any" else [target]
+    files: dict[str, Files] = {}
+    refused: dict[str, str] = {}
+    for name in names:
+        try:
+            files[name] = EMITTERS[name](plan, cluster)
+        except HetplanError as exc:
+            if target != "any":
+                raise
+            refused[name] = exc.reason
+    return Emitted(files, refused)
