@@ -110,11 +110,14 @@ class _CapacityLP:
 def _root(p: AssignProblem, allowed: np.ndarray, copies: np.ndarray, lo: float, hi: float) -> float:
     """Least T in [lo, hi] at which these (fractional, per-template) copies hold M microbatches;
     `hi` must reach it. Bisection on a cheap monotone function, to 1e-12 relative."""
-    def holds(t: float) -> bool:
-        return float(copies @ _kappa(p, allowed, t)) >= p.microbatches * (1 - 1e-12)
+    return _least_true(lambda t: float(copies @ _kappa(p, allowed, t)) >= p.microbatches * (1 - 1e-12),
+                       lo, hi, 1e-12)
 
+
+def _least_true(holds, lo: float, hi: float, rel: float) -> float:
+    """Bisection for a monotone predicate false at lo and true at hi: hi within `rel` of the switch."""
     for _ in range(200):
-        if hi - lo <= 1e-12 * hi:
+        if hi - lo <= rel * hi:
             break
         mid = (lo + hi) / 2
         if holds(mid):
@@ -193,15 +196,7 @@ def pipe_time_of(p: AssignProblem, counts: np.ndarray) -> float | None:
     hi = float(np.max(a + (cap_max - 1) * c))
     if not holds(hi):
         return None
-    for _ in range(200):
-        if hi - lo <= 1e-13 * hi:
-            break
-        mid = (lo + hi) / 2
-        if holds(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _least_true(holds, lo, hi, 1e-13)
 
 
 def _fill(p: AssignProblem, counts: np.ndarray, order: np.ndarray, nonzero: list[list[tuple[int, int]]]) -> np.ndarray:

@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from solvers.partition import Split, pareto_ac
-from solvers.uniform_layers import INF, Kind, UniformView, _best, _conv, _shift_index
+from solvers.partition import Split
+from solvers.uniform_layers import INF, Kind, UniformView, _best, _conv, _shift_index, parametric_frontiers
 
 
 def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
@@ -69,26 +69,12 @@ def _recover(top: UniformView, bottom: UniformView, b: int, s: int, d0: int, o0:
     return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
 
 
-def chain_frontiers(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
-                    max_rounds: int = 10_000) -> dict[tuple[int, int], list[Split]]:
+def chain_frontiers(top: UniformView, bottom: UniformView,
+                    rows: list[tuple[int, int]]) -> dict[tuple[int, int], list[Split]]:
     """Every non-dominated (A, C) split of `[X] * k1 + [Y] * k2` for each (k1, k2) in `rows`
     (k1, k2 >= 1); option indices refer to X's options for the first k1 stages, Y's after."""
     live = sorted(set(r for r in rows if r[0] >= 1 and r[1] >= 1 and sum(r) <= top.n))
-    found: dict[tuple[int, int], list[Split]] = {r: [] for r in live}
-    caps = {r: INF for r in live}
-    for _ in range(max_rounds):
-        if not live:
-            break
-        sols = _chain_splits(top, bottom, live, np.array([caps[r] for r in live]))
-        nxt = []
-        for row, sol in zip(live, sols):
-            if sol is None:
-                continue
-            found[row].append(sol)
-            caps[row] = float(np.nextafter(sol.c_s, -INF))
-            nxt.append(row)
-        live = nxt
-    return {r: pareto_ac(v) for r, v in found.items() if v}
+    return parametric_frontiers(lambda rs, caps: _chain_splits(top, bottom, rs, caps), live)
 
 
 def chain_min_max_tails(top: UniformView, bottom: UniformView,

@@ -16,6 +16,7 @@ r microbatches under 1F1B). The results equal `partition.split_frontier(..., wit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,7 +114,7 @@ def _conv(stage: np.ndarray, rest: np.ndarray, index: np.ndarray, invalid: np.nd
 
 def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarray) -> list[Split | None]:
     """Least-A split of each stage count in `stage_counts` (ascending) under its cap on F+B."""
-    big_n, n, cap = view.decoders, view.n, view.capacity
+    big_n, cap = view.decoders, view.capacity
     s_max = max(stage_counts)
     index, invalid = _shift_index(big_n)
     out: dict[int, Split | None] = {}
@@ -176,26 +177,33 @@ def _recover(view: UniformView, b: int, s: int, d0: int, o0: int, trace: list, l
     return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
 
 
-def frontiers(view: UniformView, stage_counts: list[int], max_rounds: int = 10_000) -> dict[int, list[Split]]:
-    """Every non-dominated (A, C) split of `[opts] * S` for each S in `stage_counts` (parametric in
-    the bottleneck cap, all stage counts advancing together)."""
-    counts = sorted(set(s for s in stage_counts if 1 <= s <= view.n))
-    found: dict[int, list[Split]] = {s: [] for s in counts}
-    live = list(counts)
-    caps = {s: INF for s in counts}
+def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Split | None]],
+                         rows: list[Hashable], max_rounds: int = 10_000) -> dict[Hashable, list[Split]]:
+    """Every non-dominated (A, C) split of each row: solve all live rows under their bottleneck caps,
+    then lower each row's cap just below the bottleneck it reached, until none is feasible."""
+    live = list(rows)
+    found: dict[Hashable, list[Split]] = {r: [] for r in live}
+    caps = {r: INF for r in live}
     for _ in range(max_rounds):
         if not live:
             break
-        sols = _splits_for_caps(view, live, np.array([caps[s] for s in live]))
+        sols = solve(live, np.array([caps[r] for r in live]))
         nxt = []
-        for s, sol in zip(live, sols):
+        for row, sol in zip(live, sols):
             if sol is None:
                 continue
-            found[s].append(sol)
-            caps[s] = float(np.nextafter(sol.c_s, -INF))
-            nxt.append(s)
+            found[row].append(sol)
+            caps[row] = float(np.nextafter(sol.c_s, -INF))
+            nxt.append(row)
         live = nxt
-    return {s: pareto_ac(v) for s, v in found.items() if v}
+    return {r: pareto_ac(v) for r, v in found.items() if v}
+
+
+def frontiers(view: UniformView, stage_counts: list[int]) -> dict[int, list[Split]]:
+    """Every non-dominated (A, C) split of `[opts] * S` for each S in `stage_counts` (all stage
+    counts advance together)."""
+    counts = sorted(set(s for s in stage_counts if 1 <= s <= view.n))
+    return parametric_frontiers(lambda live, caps: _splits_for_caps(view, live, caps), counts)
 
 
 def least_a(view: UniformView, stage_counts: list[int]) -> dict[int, float | None]:
