@@ -10,9 +10,10 @@ AMP's rank-placement choice is the order of the GPU types along the node list. N
 
 Space: every non-empty subset of GPU types, every (tp, pp, dp) that factors the subset's GPU count
 with tp groups inside nodes, every allowed microbatch size, scored with the types in file order;
-then every order of the types for the `ORDER_FINALISTS` best of those (placement matters less than
-the grid, and trying every order of every grid is what makes 1024-GPU pools slow). Each candidate
-is validated (memory included) and scored by the one evaluator.
+ranked by AMP's own estimate on the averaged costs (as AMP picks); the `AMP_SHORTLIST` best are
+scored by the one evaluator, then every order of the types for the `ORDER_FINALISTS` best of those
+(placement matters less than the grid). Each candidate is validated (memory included) and scored by
+the one evaluator.
 """
 
 from __future__ import annotations
@@ -116,16 +117,46 @@ def _grids(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                     yield Grid(tp, pp, dp, micro, recompute)
 
 
+AMP_SHORTLIST = 64  # grids kept by AMP's own estimate, then scored by the shared evaluator
+
+
+def _amp_estimate_s(training: TrainingSpec, layer_s: list[float] | None, split: list[tuple[int, int]] | None,
+                    grid: Grid) -> float | None:
+    """AMP's own pipeline estimate on the averaged costs: sum of stages + (m - 1)·slowest stage."""
+    if layer_s is None or split is None:
+        return None
+    stage_s = [sum(layer_s[i:j + 1]) for i, j in split]
+    m = training.global_batch // (grid.micro_batch * grid.dp)
+    return sum(stage_s) + (m - 1) * max(stage_s)
+
+
 def amp_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel) -> Plan:
-    """Best AMP plan by the shared evaluator."""
+    """Best AMP plan: grids ranked by AMP's own estimate (averaged costs, as AMP does), the
+    `AMP_SHORTLIST` best then scored and validated by the shared evaluator."""
     counts = cluster.counts_by_type()
     if not counts:
         raise InfeasibleError("amp", "the cluster has no GPUs")
     file_order = [g.gpu for g in cluster.nodes]
     subsets = [tuple(sorted(s, key=file_order.index)) for k in range(len(counts), 0, -1)
                for s in itertools.combinations(sorted(counts), k)]
+    layers: dict[tuple, list[float] | None] = {}
+    splits: dict[tuple, list[tuple[int, int]] | None] = {}
+    ranked = []
+    for subset in subsets:
+        for grid in _grids(model, cluster, training, subset):
+            key = (subset, grid.tp, grid.micro_batch, grid.recompute)
+            if key not in layers:
+                layers[key] = averaged_layer_s(model, cluster, training, cost, subset, grid.tp,
+                                               grid.micro_batch, grid.recompute)
+            if (key, grid.pp) not in splits:
+                splits[(key, grid.pp)] = (None if layers[key] is None
+                                          else min_max_split(layers[key], grid.pp))
+            est = _amp_estimate_s(training, layers[key], splits[(key, grid.pp)], grid)
+            if est is not None:
+                ranked.append((est, len(ranked), subset, grid))
+    ranked.sort(key=lambda r: r[:2])
     phase_one = (((subset, grid), _amp_plan(model, cluster, training, cost, subset, grid))
-                 for subset in subsets for grid in _grids(model, cluster, training, subset))
+                 for _, _, subset, grid in ranked[:AMP_SHORTLIST])
     finalists, tried, sample = rank_valid(phase_one, cluster, cost, keep=ORDER_FINALISTS)
     if not finalists:
         why = f"; e.g. {sample}" if sample else ""
