@@ -224,7 +224,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         # Best-first: each unit's least pipeline time with no tails (one LP per bisection step) bounds
         # every plan in it; units are solved in that order until none can beat the best plan found.
         keyed = sorted(((_cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),
-                       key=lambda x: (x[0], x[1]))
+                       key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
         for k, (cheap, _, u) in enumerate(keyed):
             if cheap is None:
                 continue
