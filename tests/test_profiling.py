@@ -268,3 +268,28 @@ def test_shipped_analytic_profiles_equal_a_fresh_export(tmp_path: Path) -> None:
     for a, b in zip(shipped, fresh):
         assert a.read_text() == b.read_text(), f"{a.name}: rerun python -m planner.profiling.analytic_export"
     assert sum(p.stat().st_size for p in shipped) < 2e6
+
+
+def test_tp_collectives_are_added_to_profiles_that_did_not_run_them(tiny_profile: Path) -> None:
+    """A `hetplan profile` file times one TP rank without communication: at tp 2 its layers get the
+    analytic TP collective time; at tp 1, or when the profile says communication ran, nothing."""
+    from planner.costmodel.analytic import AnalyticCostModel
+    from planner.costmodel.base import Shard, device_class_of
+    from planner.specs.cluster import NodeGroup
+    from planner.specs.training import TrainingSpec
+
+    prof = load_profile(tiny_profile)
+    assert str(prof.meta["tp_communication"]).startswith("not executed")
+    with_comm = prof.model_copy(update={"meta": {**prof.meta, "tp_communication": "included"}})
+    dev = device_class_of(NodeGroup(gpu="A100-40", gpus_per_node=2))
+    training = TrainingSpec(global_batch=8, seq_len=SEQ, dtype="bf16")
+    extra = AnalyticCostModel().tp_collective_s(dev, Shard(2, 1, 1, 8, "none", SEQ), TINY, training)
+    assert extra > 0
+    for tp in (1, 2):
+        shard = Shard(tp, 1, 1, 8, "none", SEQ)
+        added = MeasuredCostModel([prof]).layer_table(dev, shard, TINY, training)
+        as_is = MeasuredCostModel([with_comm]).layer_table(dev, shard, TINY, training)
+        decoder = 1  # slot 1 is the first decoder block
+        expect = extra if tp == 2 else 0.0
+        assert added.fwd_s[decoder] - as_is.fwd_s[decoder] == pytest.approx(expect, rel=1e-9, abs=1e-15)
+        assert added.fwd_s[0] - as_is.fwd_s[0] == pytest.approx(expect / 4, rel=1e-9, abs=1e-15)

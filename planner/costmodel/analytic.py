@@ -65,6 +65,23 @@ class AnalyticCostModel:
         bw = dev.gpu.mem_bw_gbs * 1e9 * self.knobs.for_gpu(dev.gpu.name).mem_eff
         return nbytes / bw if nbytes > 0 else 0.0
 
+    def tp_collective_s(self, dev: DeviceClass, shard: Shard, model: ModelSpec, training: TrainingSpec) -> float:
+        """Exposed TP (+SP) collective time of one decoder layer, per direction: 2 all-gathers + 2
+        reduce-scatters with SP, 2 all-reduces without, on tokens_gpu x hidden activations. The
+        embedding and the head each pay a quarter of it."""
+        tp = shard.tp
+        if tp <= 1:
+            return 0.0
+        k = self.knobs
+        tokens_gpu = shard.micro_batch * shard.seq_len / (shard.cp * shard.hp)
+        act_tensor = tokens_gpu * model.hidden * BYTES_ACT
+        tp_link = dev.group_link(k, tp)
+        if training.sequence_parallel:
+            t = 4 * comm.all_gather_s(k, act_tensor, tp, tp_link)
+        else:
+            t = 2 * comm.all_reduce_s(k, act_tensor, tp, tp_link)
+        return t * k.tp_exposed
+
     def _build(self, dev: DeviceClass, shard: Shard, model: ModelSpec, training: TrainingSpec) -> LayerTable:
         k = self.knobs
         tp, cp, hp, b, s = shard.tp, shard.cp, shard.hp, shard.micro_batch, shard.seq_len
@@ -75,22 +92,11 @@ class AnalyticCostModel:
         h = model.hidden
         # Megatron rank order: TP ranks are adjacent, CP next, head-parallel outermost, so a TP group
         # stays on NVLink even when tp*cp spans nodes (CP then rides the NIC).
-        tp_link = dev.group_link(k, tp)
         cp_link = dev.group_link(k, tp * cp)
         group_link = dev.group_link(k, split)
         dtype = training.dtype
 
-        # TP (+SP) collectives per layer, per direction: 2 all-gathers + 2 reduce-scatters with SP,
-        # 2 all-reduces without. Tensor = tokens_gpu x h activations.
-        act_tensor = tokens_gpu * h * BYTES_ACT
-        if tp > 1:
-            if sp:
-                tp_dir_s = 4 * comm.all_gather_s(k, act_tensor, tp, tp_link)
-            else:
-                tp_dir_s = 2 * comm.all_reduce_s(k, act_tensor, tp, tp_link)
-            tp_dir_s *= k.tp_exposed
-        else:
-            tp_dir_s = 0.0
+        tp_dir_s = self.tp_collective_s(dev, shard, model, training)
         # Ulysses: all-to-all of q, k, v before attention and of the output after (per direction).
         if hp > 1:
             qkvo_bytes = tokens_gpu * (2 * h + 2 * model.kv_dim) * BYTES_ACT / tp

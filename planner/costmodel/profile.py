@@ -315,6 +315,7 @@ class MeasuredCostModel:
                 if self.fallback is None:
                     raise HetplanError("profile", f"no measurement for {line}")
                 self._fallbacks.add(f"analytic fallback for {line}")
+        tp_s = self._missing_tp_collectives_s(profile, dev, shard, model, training)
         for layer in model.layers():
             point = points[layer.kind]
             if isinstance(point, str):
@@ -326,4 +327,21 @@ class MeasuredCostModel:
                 params[i] = point.param_bytes / DTYPE_BYTES[profile.dtype]
             if point.act_bytes is not None:
                 act[i] = point.act_bytes
+            if tp_s:  # one rank's compute was timed: add the TP collectives the analytic model costs
+                share = 1.0 if layer.kind == "decoder" else 0.25
+                fwd[i] += share * tp_s
+                bwd[i] += share * tp_s * (2 if layer.kind == "decoder" and shard.recompute == "full" else 1)
         return LayerTable(fwd, bwd, params, act, base.work_bytes, measured, base.boundary_bytes)
+
+    def _missing_tp_collectives_s(self, profile: Profile | None, dev: DeviceClass, shard: Shard,
+                                  model: ModelSpec, training: TrainingSpec) -> float:
+        """Profiles written by `hetplan profile` time one TP rank's shard without communication
+        (meta `tp_communication: not executed ...`); their layers get the analytic TP collective time
+        (the same term the analytic model adds), so tp > 1 is not predicted too fast."""
+        if profile is None or shard.tp <= 1:
+            return 0.0
+        note = str(profile.meta.get("tp_communication", ""))
+        if not note.startswith("not executed"):
+            return 0.0
+        analytic = self._shapes if isinstance(self._shapes, AnalyticCostModel) else AnalyticCostModel(self.knobs)
+        return analytic.tp_collective_s(dev, shard, model, training)
