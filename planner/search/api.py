@@ -1,8 +1,10 @@
 """`search`: the fastest plan for a model on a (mixed) cluster, with a lower bound and its gap.
 
-Outer loops: microbatch size b, then the number of pipelines R (exactly for R <= 8, in narrow
-classes above). Inner exact problems: the layer split of every pipeline skeleton
-(`solvers.partition`) and the choice of templates and microbatch counts (`solvers.assign`).
+Outer loops: microbatch size b, then the number of pipelines R (exactly for R <= 8, in classes
+above). Inner problems: the layer split of every pipeline skeleton (`solvers.partition`, and
+`solvers.uniform_layers` / `solvers.two_runs` for identical decoder layers) and the choice of
+templates and microbatch counts (`solvers.assign` exactly, `solvers.assign_lp` on larger pools),
+one (b, replica class) unit at a time (`units`).
 
 Why the bound holds: for a replica class [lo, hi] the templates are costed with gradient sync for
 `lo` replicas (sync only grows with more replicas) and, with a distributed optimizer, with optimizer
@@ -24,18 +26,17 @@ import numpy as np
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
-from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
-from planner.search.placement import build_plan
 from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
-from planner.search.templates import Template, count_sequences, count_two_run_skeletons
+from planner.search.templates import count_sequences
+from planner.search.units import (Candidate, Unit, UnitContext, cheap_bound, coverage_rank, mixed_length,
+                                  skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
-from solvers.assign_lp import pipeline_time_bound, solve_assignment_lp
+from solvers.assign import SolverStats
 
 Progress = Callable[[float, str], None]
 
@@ -52,14 +53,6 @@ class SearchResult:
     explanation: list[str]
     stats: dict[str, float] = field(default_factory=dict)
     timed_out: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    step_s: float
-    plan: Plan
-    prediction: Prediction
-    micro_batch: int
 
 
 def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1, wide_from: int | None = None,
@@ -90,16 +83,6 @@ def micro_batch_sizes(training: TrainingSpec) -> list[int]:
                                f"{gb}; nearest valid global batches: {', '.join(map(str, near[:4]))}")
         return ok
     return [b for b in (1, 2, 4, 8, 16) if gb % b == 0]
-
-
-def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: int,
-             replicas: tuple[int, int]) -> AssignProblem:
-    return AssignProblem(
-        a_s=np.array([t.a_s for t in templates]), c_s=np.array([t.c_s for t in templates]),
-        e_s=np.array([t.e_s for t in templates]),
-        max_microbatches=np.array([t.max_microbatches or BIG_M for t in templates], dtype=np.int64),
-        usage=np.array([t.usage for t in templates], dtype=np.int64).reshape(len(templates), len(avail)),
-        avail=np.array(avail, dtype=np.int64), microbatches=microbatches, replicas=replicas)
 
 
 def _costable(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
@@ -168,7 +151,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     n_slots = model.num_layer_slots
     sizes = micro_batch_sizes(training)
     stats = SolverStats()
-    candidates: list[_Candidate] = []
+    candidates: list[Candidate] = []
     bounds: list[float] = []
     coverages: set[str] = set()
     timed_out = False
@@ -176,8 +159,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
     overhead = cost.knobs.step_overhead_s
     providers: list = []
-    pending: list[_Unit] = []
-    ctx = _Context(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
+    pending: list[Unit] = []
+    ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
     for bi, b in enumerate(sizes):
         if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
             timed_out = True
@@ -196,7 +179,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             # the frontier enumeration stops at 80 % of the time limit (what it skipped is then
             # covered by the fluid bound); protos are built when a unit of this size is solved
             deadline = None if time_limit is None else start + 0.8 * time_limit
-            mixed_len = _mixed_length(type_list, avail, n_slots, mixed_limit) if max_blocks >= 2 else None
+            mixed_len = mixed_length(type_list, avail, n_slots, mixed_limit) if max_blocks >= 2 else None
             provider = BlocksProvider(*args, max_blocks=max_blocks if mixed_len else 1, deadline=deadline,
                                       max_mixed_len=mixed_len)
         coverages.add(provider.coverage)
@@ -208,7 +191,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         exact = provider.coverage == "exact"
         rclasses = (replica_classes(max(1, r_max)) if exact
                     else replica_classes(max(1, r_max), exact_upto=8, ratio=1.5, wide_from=32))
-        units = [_Unit(b, provider, lo, hi, microbatches) for lo, hi in rclasses]
+        units = [Unit(b, provider, lo, hi, microbatches) for lo, hi in rclasses]
         if not exact:  # large pools: solved best-first across microbatch sizes, below
             pending.extend(units)
             continue
@@ -219,26 +202,26 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 break
             if progress:
                 progress((bi + k / len(units)) / len(sizes), f"micro_batch {b}, pipelines {u.lo}-{u.hi}")
-            timed_out = _solve_unit(u, ctx, solver, start, time_limit) or timed_out
+            timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
     if pending:
         # Best-first: each unit's least pipeline time with no tails (one LP per bisection step) bounds
         # every plan in it; units are solved in that order until none can beat the best plan found.
-        keyed = sorted(((_cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),
+        keyed = sorted(((cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),
                        key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
         for k, (cheap, _, u) in enumerate(keyed):
             if cheap is None:
                 continue
             incumbent = min((c.step_s for c in candidates), default=None)
             if incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
-                _skip(keyed[k:], overhead, ctx)
+                skip_units(keyed[k:], overhead, ctx)
                 break
             if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
                 timed_out = True
-                _skip(keyed[k:], overhead, ctx)
+                skip_units(keyed[k:], overhead, ctx)
                 break
             if progress:
                 progress(k / len(keyed), f"micro_batch {u.b}, pipelines {u.lo}-{u.hi}")
-            timed_out = _solve_unit(u, ctx, solver, start, time_limit) or timed_out
+            timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
         explored["templates"] += provider.stats.templates
@@ -270,145 +253,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     explanation = _explain(plan, pred, idle)
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
-    coverage = min(coverages, key=_coverage_rank) if coverages else "exact"
+    coverage = min(coverages, key=coverage_rank) if coverages else "exact"
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
-
-
-@dataclass(frozen=True, slots=True)
-class _Unit:
-    """One microbatch size and one replica class [lo, hi]: one assignment problem (two with ZeRO)."""
-
-    b: int
-    provider: object
-    lo: int
-    hi: int
-    microbatches: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Context:
-    model: ModelSpec
-    training: TrainingSpec
-    cluster: ClusterSpec
-    classes: list[ResourceClass]
-    cost: CostModel
-    avail: tuple[int, ...]
-    candidates: list[_Candidate]  # appended to
-    bounds: list[float]  # appended to
-    unsolved_sizes: set[int]  # added to
-    stats: SolverStats
-    explored: dict[str, int]
-
-
-def _coverage_rank(name: str) -> tuple[int, int]:
-    """Narrowest first: blocks<=1, then blocks<=2 with the shortest mixed pipelines, ..., exact."""
-    if name == "exact":
-        return (9, 0)
-    blocks = int(name.split(",")[0].split("<=")[1])
-    mixed = int(name.split("mixed<=")[1]) if "mixed<=" in name else 10**6
-    return (blocks, mixed)
-
-
-def _mixed_length(types: list, avail: tuple[int, ...], n_slots: int, limit: int) -> int | None:
-    """Longest two-run pipelines (in stages) that keep the two-run skeletons within `limit`; None
-    when not even two-stage ones fit (then only homogeneous pipelines are searched)."""
-    if count_two_run_skeletons(types, avail, n_slots) <= limit:
-        return n_slots
-    best = None
-    for length in range(2, n_slots + 1):
-        if count_two_run_skeletons(types, avail, length) > limit:
-            break
-        best = length
-    return best
-
-
-def _skip(keyed: list[tuple[float | None, int, _Unit]], overhead: float, ctx: _Context) -> None:
-    """Units left unsolved: their cheap bound stands, unless their frontier was cut short (then
-    the fluid bound covers their microbatch size)."""
-    for cheap, _, u in keyed:
-        if getattr(u.provider, "truncated", False):
-            ctx.unsolved_sizes.add(u.b)
-        elif cheap is not None:
-            ctx.bounds.append(cheap + overhead)
-
-
-def _cheap_bound(u: _Unit, avail: tuple[int, ...], stats: SolverStats) -> float | None:
-    """Least pipeline time of the unit's bound templates with their tails dropped (LP), or None."""
-    zero = u.provider.relaxed_templates()
-    if not zero:
-        return None
-    return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats)
-
-
-def _solve_unit(u: _Unit, ctx: _Context, solver: str, start: float, time_limit: float | None) -> bool:
-    """Solve one unit, adding its plan (if any) and bound to the context; True if it timed out."""
-    provider = u.provider
-    overhead = ctx.cost.knobs.step_overhead_s
-    plan_set, lb_set = provider.templates(u.lo, u.hi)
-    problem_args = (ctx.avail, u.microbatches, (u.lo, u.hi))
-    unit = SolverStats()  # this unit's flags; counts are added to ctx.stats
-    if provider.coverage == "exact":
-        sol, lb = _solve_exact(plan_set, lb_set, problem_args, solver, start, time_limit, unit)
-    else:
-        incumbent = min((c.step_s for c in ctx.candidates), default=None)
-        sol, lb = _solve_lp(plan_set, lb_set, problem_args, None if incumbent is None
-                            else incumbent - overhead, start, time_limit, unit)
-    ctx.explored["assignments"] += 1
-    ctx.stats.ilp_solves += unit.ilp_solves
-    ctx.stats.feasibility_checks += unit.feasibility_checks
-    if unit.timed_out or getattr(provider, "truncated", False):
-        # an ILP gave up or the frontier was cut short: no claim here, the fluid bound covers it
-        ctx.unsolved_sizes.add(u.b)
-    elif lb is not None and not getattr(provider, "truncated", False):
-        ctx.bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
-    if sol is not None and any(sol.counts):
-        _add_candidate(plan_set, sol, u.b, ctx)
-        copies = int(sum(sol.counts))
-        if provider.coverage != "exact" and copies > u.lo:
-            # tails were costed for lo pipelines: re-solve with them costed for the count chosen
-            exact_set, _ = provider.templates(copies, copies)
-            again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (copies, copies)),
-                              None, start, time_limit, unit)[0]
-            if again is not None and any(again.counts):
-                _add_candidate(exact_set, again, u.b, ctx)
-    return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
-
-
-def _add_candidate(templates: list[Template], sol: Assignment, micro_batch: int, ctx: _Context) -> None:
-    chosen = [(templates[t], sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
-    plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, micro_batch, chosen)
-    pred = evaluate(plan, ctx.cluster, ctx.cost)
-    ctx.candidates.append(_Candidate(pred.step_s, plan, pred, micro_batch))
-
-
-def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args: tuple, solver: str,
-                 start: float, time_limit: float | None,
-                 unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
-    """Exact assignment of the plan templates, and of the bound templates when they differ."""
-    remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
-    deadline = None if time_limit is None else start + time_limit
-    sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
-                           stats=unit, deadline=deadline) if plan_set else None
-    if lb_set is plan_set:
-        return sol, sol
-    lb = solve_assignment(_problem(lb_set, *problem_args), solver, time_limit_s=remaining,
-                          stats=unit, deadline=deadline) if lb_set else None
-    return sol, lb
-
-
-def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tuple,
-              incumbent_s: float | None, start: float, time_limit: float | None,
-              unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
-    """LP bound and rounded plan (large pools); classes that cannot beat the incumbent are only
-    bounded."""
-    deadline = None if time_limit is None else start + time_limit
-    sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
-                              deadline=deadline) if plan_set else None
-    if lb_set is plan_set:
-        return sol, sol
-    lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
-                             deadline=deadline) if lb_set else None
-    return sol, lb
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
@@ -440,7 +286,7 @@ def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle), stats)
 
 
-def _alternatives(candidates: list[_Candidate], top_k: int) -> list[Plan]:
+def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:
     seen: set[str] = set()
     out = []
     for c in candidates[1:]:

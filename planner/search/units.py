@@ -1,0 +1,180 @@
+"""Units of the search: one microbatch size and one replica class, solved into a plan and a bound.
+
+`api.search` builds the units; this module solves one (exact integer assignment on small pools, LP
+bound and rounded plans on larger ones), ranks units by a cheap bound for the best-first order on
+large pools, and turns an assignment into a scored candidate plan.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costmodel.base import CostModel
+from planner.evaluate import evaluate
+from planner.plan import Plan, Prediction
+from planner.search.placement import build_plan
+from planner.search.space import ResourceClass
+from planner.search.templates import Template, count_two_run_skeletons
+from planner.specs.cluster import ClusterSpec
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
+from solvers.assign_lp import pipeline_time_bound, solve_assignment_lp
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    step_s: float
+    plan: Plan
+    prediction: Prediction
+    micro_batch: int
+
+
+def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: int,
+             replicas: tuple[int, int]) -> AssignProblem:
+    return AssignProblem(
+        a_s=np.array([t.a_s for t in templates]), c_s=np.array([t.c_s for t in templates]),
+        e_s=np.array([t.e_s for t in templates]),
+        max_microbatches=np.array([t.max_microbatches or BIG_M for t in templates], dtype=np.int64),
+        usage=np.array([t.usage for t in templates], dtype=np.int64).reshape(len(templates), len(avail)),
+        avail=np.array(avail, dtype=np.int64), microbatches=microbatches, replicas=replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One microbatch size and one replica class [lo, hi]: one assignment problem (two with ZeRO)."""
+
+    b: int
+    provider: object
+    lo: int
+    hi: int
+    microbatches: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnitContext:
+    model: ModelSpec
+    training: TrainingSpec
+    cluster: ClusterSpec
+    classes: list[ResourceClass]
+    cost: CostModel
+    avail: tuple[int, ...]
+    candidates: list[Candidate]  # appended to
+    bounds: list[float]  # appended to
+    unsolved_sizes: set[int]  # added to
+    stats: SolverStats
+    explored: dict[str, int]
+
+
+def coverage_rank(name: str) -> tuple[int, int]:
+    """Narrowest first: blocks<=1, then blocks<=2 with the shortest mixed pipelines, ..., exact."""
+    if name == "exact":
+        return (9, 0)
+    blocks = int(name.split(",")[0].split("<=")[1])
+    mixed = int(name.split("mixed<=")[1]) if "mixed<=" in name else 10**6
+    return (blocks, mixed)
+
+
+def mixed_length(types: list, avail: tuple[int, ...], n_slots: int, limit: int) -> int | None:
+    """Longest two-run pipelines (in stages) that keep the two-run skeletons within `limit`; None
+    when not even two-stage ones fit (then only homogeneous pipelines are searched)."""
+    if count_two_run_skeletons(types, avail, n_slots) <= limit:
+        return n_slots
+    best = None
+    for length in range(2, n_slots + 1):
+        if count_two_run_skeletons(types, avail, length) > limit:
+            break
+        best = length
+    return best
+
+
+def skip_units(keyed: list[tuple[float | None, int, Unit]], overhead: float, ctx: UnitContext) -> None:
+    """Units left unsolved: their cheap bound stands, unless their frontier was cut short (then
+    the fluid bound covers their microbatch size)."""
+    for cheap, _, u in keyed:
+        if getattr(u.provider, "truncated", False):
+            ctx.unsolved_sizes.add(u.b)
+        elif cheap is not None:
+            ctx.bounds.append(cheap + overhead)
+
+
+def cheap_bound(u: Unit, avail: tuple[int, ...], stats: SolverStats) -> float | None:
+    """Least pipeline time of the unit's bound templates with their tails dropped (LP), or None."""
+    zero = u.provider.relaxed_templates()
+    if not zero:
+        return None
+    return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats)
+
+
+def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None) -> bool:
+    """Solve one unit, adding its plan (if any) and bound to the context; True if it timed out."""
+    provider = u.provider
+    overhead = ctx.cost.knobs.step_overhead_s
+    plan_set, lb_set = provider.templates(u.lo, u.hi)
+    problem_args = (ctx.avail, u.microbatches, (u.lo, u.hi))
+    unit = SolverStats()  # this unit's flags; counts are added to ctx.stats
+    if provider.coverage == "exact":
+        sol, lb = _solve_exact(plan_set, lb_set, problem_args, solver, start, time_limit, unit)
+    else:
+        incumbent = min((c.step_s for c in ctx.candidates), default=None)
+        sol, lb = _solve_lp(plan_set, lb_set, problem_args, None if incumbent is None
+                            else incumbent - overhead, start, time_limit, unit)
+    ctx.explored["assignments"] += 1
+    ctx.stats.ilp_solves += unit.ilp_solves
+    ctx.stats.feasibility_checks += unit.feasibility_checks
+    if unit.timed_out or getattr(provider, "truncated", False):
+        # an ILP gave up or the frontier was cut short: no claim here, the fluid bound covers it
+        ctx.unsolved_sizes.add(u.b)
+    elif lb is not None and not getattr(provider, "truncated", False):
+        ctx.bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
+    if sol is not None and any(sol.counts):
+        _add_candidate(plan_set, sol, u.b, ctx)
+        copies = int(sum(sol.counts))
+        if provider.coverage != "exact" and copies > u.lo:
+            # tails were costed for lo pipelines: re-solve with them costed for the count chosen
+            exact_set, _ = provider.templates(copies, copies)
+            again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (copies, copies)),
+                              None, start, time_limit, unit)[0]
+            if again is not None and any(again.counts):
+                _add_candidate(exact_set, again, u.b, ctx)
+    return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
+
+
+def _add_candidate(templates: list[Template], sol: Assignment, micro_batch: int, ctx: UnitContext) -> None:
+    chosen = [(templates[t], sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
+    plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, micro_batch, chosen)
+    pred = evaluate(plan, ctx.cluster, ctx.cost)
+    ctx.candidates.append(Candidate(pred.step_s, plan, pred, micro_batch))
+
+
+def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args: tuple, solver: str,
+                 start: float, time_limit: float | None,
+                 unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
+    """Exact assignment of the plan templates, and of the bound templates when they differ."""
+    remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
+    deadline = None if time_limit is None else start + time_limit
+    sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
+                           stats=unit, deadline=deadline) if plan_set else None
+    if lb_set is plan_set:
+        return sol, sol
+    lb = solve_assignment(_problem(lb_set, *problem_args), solver, time_limit_s=remaining,
+                          stats=unit, deadline=deadline) if lb_set else None
+    return sol, lb
+
+
+def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tuple,
+              incumbent_s: float | None, start: float, time_limit: float | None,
+              unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
+    """LP bound and rounded plan (large pools); classes that cannot beat the incumbent are only
+    bounded."""
+    deadline = None if time_limit is None else start + time_limit
+    sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
+                              deadline=deadline) if plan_set else None
+    if lb_set is plan_set:
+        return sol, sol
+    lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
+                             deadline=deadline) if lb_set else None
+    return sol, lb
