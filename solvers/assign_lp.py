@@ -7,13 +7,15 @@ solved without integer programs, for pools where copies number in the hundreds:
   microbatches (and at most its memory cap and M). Dropping the integrality of the copy counts and
   the lower limit on the number of pipelines only enlarges what copies can hold, so if
   the LP  max sum_t n_t·kappa_t(T)  s.t.  usage·n <= avail, sum n <= R_hi, n >= 0  is below M, no plan
-  has pipeline time T. Bisection on T gives T_LP(e) for the templates with tail <= e; every plan whose
-  largest tail is e costs at least T_LP(e) + e. The tail levels are refined branch-and-bound style:
-  T_LP is non-increasing in e, so for levels i..j every plan costs at least T_LP(e_j) + e_i.
-* Plan. At a trial T the LP is solved on the integer capacities, its copy counts rounded down and
-  the spare GPUs filled greedily; bisection finds the least T this rounding reaches and water-filling
-  deals the microbatches (`solvers.assign._deal`). The plan is a real plan of the templates; its
-  distance to the bound is what the search reports as the gap.
+  has pipeline time T. Newton steps from above (the LP's copies at a feasible T stay feasible, so the
+  T where they first hold M is LP-feasible too), certified by one LP just below, give T_LP(e) for the
+  templates with tail <= e; every plan whose largest tail is e costs at least T_LP(e) + e. The tail
+  levels are refined branch-and-bound style: T_LP is non-increasing in e, so for levels i..j every
+  plan costs at least T_LP(e_j) + e_i.
+* Plan. At a few trial times just above the bound, the LP's copy counts rounded down (and up where
+  the GPUs allow), spare GPUs filled with copies of the same and then other templates; each candidate
+  is scored exactly (`pipe_time_of`) and the best dealt out by water-filling (`solvers.assign._deal`).
+  The plan is a real plan of the templates; its distance to the bound is the gap the search reports.
 """
 
 from __future__ import annotations
