@@ -27,6 +27,8 @@ from solvers.assign_lp import pipeline_time_bound, solve_assignment_lp
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
+    """A built plan with its evaluated prediction (the evaluator's step, not the assignment's)."""
+
     step_s: float
     plan: Plan
     prediction: Prediction
@@ -56,6 +58,9 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class UnitContext:
+    """What every unit of one search shares: the inputs, and the lists units add candidates and
+    bounds to."""
+
     model: ModelSpec
     training: TrainingSpec
     cluster: ClusterSpec
