@@ -1,7 +1,7 @@
 """hetplan: exact parallelism plans for LLM training on heterogeneous GPU pools."""
 
 from planner.evaluate import evaluate
-from planner.emit.targets import emit  # the function (binds over the subpackage's attribute name)
+from planner import emit  # a callable package: emit(plan, cluster, target) -> files and refusals
 from planner.search import SearchResult, search
 from planner.plan import Plan, load_plan
 from planner.specs import ClusterSpec, ModelSpec, TrainingSpec, get_gpu, get_model, load_cluster, load_model

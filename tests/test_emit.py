@@ -345,3 +345,16 @@ def test_python_api_emit_matches_the_registry() -> None:
     assert out.files["rankmap"] == EMITTERS["rankmap"](plan, cluster)
     with pytest.raises(HetplanError):
         emit(plan, cluster, "megatron")
+
+
+def test_emit_stays_a_package_for_submodule_imports() -> None:
+    """The callable `planner.emit` must not hide its submodules from `import planner.emit.x as y`."""
+    import importlib
+    import subprocess
+    import sys
+
+    code = "import planner, planner.emit.megatron as m, planner.emit.targets as t; print(m.__name__, t.__name__)"
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.split() == ["planner.emit.megatron", "planner.emit.targets"]
+    assert importlib.import_module("planner.emit").megatron.__name__ == "planner.emit.megatron"
