@@ -179,6 +179,32 @@ def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_
     return _lp_time(p, lp, np.ones(len(p.a_s), dtype=bool), None, rel_tol)
 
 
+def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
+               stats: SolverStats | None = None) -> np.ndarray:
+    """Templates the LP relaxation uses to reach M microbatches within `total_s` (pipeline time plus
+    largest tail), over up to `max_levels` tail levels: where a bound of about `total_s` comes from.
+    Only a guide for refining templates; no bound relies on it."""
+    stats = stats or SolverStats()
+    usage, of = np.unique(p.usage, axis=0, return_inverse=True)
+    lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
+    levels = np.unique(p.e_s[p.e_s < total_s])
+    if len(levels) > max_levels:
+        levels = levels[np.unique(np.linspace(0, len(levels) - 1, max_levels).round().astype(int))]
+    used = np.zeros(len(p.a_s), dtype=bool)
+    below = float(np.min(p.e_s))
+    for e in levels:
+        # tails up to e, pipeline time as if the tail were the previous sampled level: whichever
+        # merged tail range (`solve_assignment_lp`) gave the bound, some level covers it
+        kappa = _kappa(p, p.e_s <= e, total_s - below + 1e-3 * total_s)
+        best, rep = lp.best_per_group(kappa)
+        value, x = lp.solve(best)
+        if value >= p.microbatches * (1 - 1e-12):
+            live = np.flatnonzero((rep >= 0) & (x > 1e-9))
+            used[rep[live]] = True
+        below = float(e)
+    return used
+
+
 def pipe_time_of(p: AssignProblem, counts: np.ndarray) -> float | None:
     """Least max pipeline time of these copies (every copy at least one microbatch), or None."""
     used = np.flatnonzero(counts)
@@ -270,7 +296,8 @@ def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb:
 
 
 def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-3,
-                        incumbent_s: float | None = None, deadline: float | None = None) -> Assignment | None:
+                        incumbent_s: float | None = None, deadline: float | None = None,
+                        bound_only: bool = False) -> Assignment | None:
     """Best rounded plan and a valid lower bound (`bound_s`) for problem p; None if the LP shows no
     plan exists. With `incumbent_s`, tail levels that cannot beat it are only bounded, and when no
     level can, the result has no copies (`counts` all zero) and only `bound_s` is meaningful."""
@@ -295,6 +322,8 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
 
     def try_plan(i: int) -> None:
         nonlocal best
+        if bound_only:
+            return
         t = f(i)
         if t is None or t + levels[0] >= target():
             return

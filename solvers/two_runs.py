@@ -11,6 +11,7 @@ Results equal `partition.split_frontier(..., with_tail=False)` and `partition.mi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,29 +19,55 @@ from solvers.partition import Split
 from solvers.uniform_layers import INF, Kind, UniformView, _best, _conv, _shift_index, parametric_frontiers
 
 
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A split's (A, C) without the split itself (enough for bound templates)."""
+
+    a_s: float
+    c_s: float
+
+
 def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
-                  caps: np.ndarray) -> list[Split | None]:
+                  caps: np.ndarray, ecaps: np.ndarray | None = None,
+                  points_only: bool = False) -> list[Split | Point | None]:
+    """Least-A split of each row (k1, k2) under its F+B cap (and tail cap); with `points_only`
+    just its (A, C), tracked through the DP instead of recovered."""
     big_n = top.decoders
     index, invalid = _shift_index(big_n)
     k2s = np.array([k2 for _, k2 in rows])
     total = np.array([k1 + k2 for k1, k2 in rows])
-    value, last_o = _best(bottom.last, 1, caps, bottom.capacity)
+    value, last_o = _best(bottom.last, 1, caps, bottom.capacity, ecaps)
+    cmax = value.copy()  # the bottleneck along each best path (points_only)
+    k_idx = np.arange(big_n + 1)[None, :]
     trace: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    out: list[Split | None] = [None] * len(rows)
+    out: list[Split | Point | None] = [None] * len(rows)
     for r in range(1, int(total.max())):
         if r >= 2:
             on_top = r > k2s
-            fb_b, o_b = _best(bottom.mid, r, caps, bottom.capacity)
-            fb_t, o_t = _best(top.mid, r, caps, top.capacity)
+            fb_b, o_b = _best(bottom.mid, r, caps, bottom.capacity, ecaps)
+            fb_t, o_t = _best(top.mid, r, caps, top.capacity, ecaps)
             stage = np.where(on_top[:, None], fb_t, fb_b)
             value, arg_d = _conv(stage, value, index, invalid)
-            trace.append((arg_d, np.where(on_top[:, None], o_t, o_b), on_top))
-        for b in np.flatnonzero(total == r + 1):
-            first_fb, first_o = _best(top.first, r + 1, caps[[b]], top.capacity)
-            sums = first_fb[0] + value[b, big_n - np.arange(big_n + 1)]
-            d0 = int(np.argmin(sums))
-            if math.isfinite(sums[d0]):
-                out[b] = _recover(top, bottom, int(b), r + 1, d0, int(first_o[0, d0]), trace, last_o)
+            if points_only:
+                cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
+                                  np.take_along_axis(cmax, np.clip(k_idx - arg_d, 0, big_n), axis=1))
+            else:
+                trace.append((arg_d, np.where(on_top[:, None], o_t, o_b), on_top))
+        done = np.flatnonzero(total == r + 1)
+        if not len(done):
+            continue
+        first_fb, first_o = _best(top.first, r + 1, caps[done], top.capacity,
+                                  None if ecaps is None else ecaps[done])
+        rest = big_n - np.arange(big_n + 1)
+        sums = first_fb + value[done][:, rest]
+        for k, b in enumerate(done):
+            d0 = int(np.argmin(sums[k]))
+            if not math.isfinite(sums[k, d0]):
+                continue
+            if points_only:
+                out[b] = Point(float(sums[k, d0]), float(max(first_fb[k, d0], cmax[b, rest[d0]])))
+            else:
+                out[b] = _recover(top, bottom, int(b), r + 1, d0, int(first_o[k, d0]), trace, last_o)
     return out
 
 
@@ -75,6 +102,17 @@ def chain_frontiers(top: UniformView, bottom: UniformView,
     (k1, k2 >= 1); option indices refer to X's options for the first k1 stages, Y's after."""
     live = sorted(set(r for r in rows if r[0] >= 1 and r[1] >= 1 and sum(r) <= top.n))
     return parametric_frontiers(lambda rs, caps: _chain_splits(top, bottom, rs, caps), live)
+
+
+def tail_capped_chain_frontiers(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
+                                e_levels: list[float]) -> dict[tuple[int, int, int], list[Point]]:
+    """`chain_frontiers` under each tail cap `e_levels[j]` on every stage, keyed (k1, k2, j), as
+    (A, C) points."""
+    pairs = sorted(set(r for r in rows if r[0] >= 1 and r[1] >= 1 and sum(r) <= top.n))
+    live = [(k1, k2, j) for k1, k2 in pairs for j in range(len(e_levels))]
+    levels = np.asarray(e_levels, dtype=float)
+    return parametric_frontiers(lambda rs, caps: _chain_splits(
+        top, bottom, [(k1, k2) for k1, k2, _ in rs], caps, levels[[j for *_, j in rs]], True), live)
 
 
 def chain_min_max_tails(top: UniformView, bottom: UniformView,

@@ -66,7 +66,7 @@ def uniform_view(opts: StageOptions, trusted: bool = False) -> UniformView | Non
     # every middle range [i, i + d) with 1 <= i and i + d <= N + 1, grouped by d
     d_idx = np.concatenate([np.full(big_n + 1 - d, d) for d in range(1, big_n + 1)])
     i_idx = np.concatenate([np.arange(1, big_n + 2 - d) for d in range(1, big_n + 1)])
-    first_of_d = np.concatenate([[0], np.cumsum([big_n + 1 - d for d in range(1, big_n)])])
+    first_of_d = np.concatenate([[0], np.cumsum([big_n + 1 - d for d in range(1, big_n)])]).astype(np.int64)
     ref_pos = first_of_d[d_idx - 1]  # position of the i = 1 entry of the same d
     valid = np.isfinite(opts.fb[:, i_idx, i_idx + d_idx])
     mid_cols: dict[str, np.ndarray] = {}
@@ -91,9 +91,13 @@ def uniform_view(opts: StageOptions, trusted: bool = False) -> UniformView | Non
     return UniformView(n, first, Kind(*mid_cols.values()), last, Kind(*whole_cols), opts.capacity)
 
 
-def _best(kind: Kind, flight: int, caps: np.ndarray, capacity: float) -> tuple[np.ndarray, np.ndarray]:
-    """Least F+B over options per (S, d) under each S's cap and memory at `flight`; and the option."""
+def _best(kind: Kind, flight: int, caps: np.ndarray, capacity: float,
+          ecaps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Least F+B over options per (row, d) under each row's cap on F+B (and on the tail, when
+    `ecaps` is given) and memory at `flight`; and the option."""
     ok = (kind.mem_fixed + flight * kind.act <= capacity)[None] & (kind.fb[None] <= caps[:, None, None])
+    if ecaps is not None:
+        ok = ok & (kind.tail[None] <= ecaps[:, None, None])
     cost = np.where(ok, kind.fb[None], INF)  # (B, O, D)
     arg = np.argmin(cost, axis=1)
     return np.take_along_axis(cost, arg[:, None, :], axis=1)[:, 0, :], arg
@@ -112,39 +116,46 @@ def _conv(stage: np.ndarray, rest: np.ndarray, index: np.ndarray, invalid: np.nd
     return np.take_along_axis(total, arg[:, :, None], axis=2)[:, :, 0], arg
 
 
-def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarray) -> list[Split | None]:
-    """Least-A split of each stage count in `stage_counts` (ascending) under its cap on F+B."""
+def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarray,
+                     ecaps: np.ndarray | None = None) -> list[Split | None]:
+    """Least-A split for each row: stage count `stage_counts[b]` (rows may repeat a count) under
+    cap `caps[b]` on F+B and, when given, `ecaps[b]` on every stage's tail."""
     big_n, cap = view.decoders, view.capacity
-    s_max = max(stage_counts)
+    counts = np.asarray(stage_counts)
     index, invalid = _shift_index(big_n)
-    out: dict[int, Split | None] = {}
-    col = {s: k for k, s in enumerate(stage_counts)}
-    if 1 in col:
-        fb, arg = _best(view.whole, 1, caps[[col[1]]], cap)
-        out[1] = None if not math.isfinite(fb[0, big_n]) else _single(view, int(arg[0, big_n]))
-    rows = [s for s in stage_counts if s >= 2]
-    if not rows:
-        return [out[s] for s in stage_counts]
-    row_caps = caps[[col[s] for s in rows]]
-    last_fb, last_o = _best(view.last, 1, row_caps, cap)
+    out: list[Split | None] = [None] * len(stage_counts)
+    row_e = None if ecaps is None else np.asarray(ecaps, dtype=float)
+    ones = np.flatnonzero(counts == 1)
+    if len(ones):
+        fb, arg = _best(view.whole, 1, caps[ones], cap, None if row_e is None else row_e[ones])
+        for k, b in enumerate(ones):
+            if math.isfinite(fb[k, big_n]):
+                out[b] = _single(view, int(arg[k, big_n]))
+    rows = np.flatnonzero(counts >= 2)
+    if not len(rows):
+        return out
+    row_caps = caps[rows]
+    row_ecaps = None if row_e is None else row_e[rows]
+    last_fb, last_o = _best(view.last, 1, row_caps, cap, row_ecaps)
     value = last_fb  # (B, N+1): r stages covering the last k decoders and the head
     trace: list[tuple[np.ndarray, np.ndarray]] = []  # per r >= 2: (d choice per (b, k), option per (b, d))
-    for r in range(1, s_max):
+    row_s = counts[rows]
+    for r in range(1, int(row_s.max())):
         if r >= 2:
-            mid_fb, mid_o = _best(view.mid, r, row_caps, cap)
+            mid_fb, mid_o = _best(view.mid, r, row_caps, cap, row_ecaps)
             value, arg_d = _conv(mid_fb, value, index, invalid)
             trace.append((arg_d, mid_o))
-        for b, s in enumerate(rows):
-            if s != r + 1:
-                continue
-            first_fb, first_o = _best(view.first, s, row_caps[[b]], cap)
-            total = first_fb[0] + value[b, big_n - np.arange(big_n + 1)]
-            d0 = int(np.argmin(total))
-            if not math.isfinite(total[d0]):
-                out[s] = None
-                continue
-            out[s] = _recover(view, b, s, d0, int(first_o[0, d0]), trace, last_o)
-    return [out[s] for s in stage_counts]
+        done = np.flatnonzero(row_s == r + 1)
+        if not len(done):
+            continue
+        first_fb, first_o = _best(view.first, r + 1, row_caps[done], cap,
+                                  None if row_ecaps is None else row_ecaps[done])
+        totals = first_fb + value[done][:, big_n - np.arange(big_n + 1)]
+        for k, b in enumerate(done):
+            d0 = int(np.argmin(totals[k]))
+            if math.isfinite(totals[k, d0]):
+                out[rows[b]] = _recover(view, int(b), r + 1, d0, int(first_o[k, d0]), trace, last_o)
+    return out
 
 
 def _single(view: UniformView, o: int) -> Split:
@@ -204,6 +215,17 @@ def frontiers(view: UniformView, stage_counts: list[int]) -> dict[int, list[Spli
     counts advance together)."""
     counts = sorted(set(s for s in stage_counts if 1 <= s <= view.n))
     return parametric_frontiers(lambda live, caps: _splits_for_caps(view, live, caps), counts)
+
+
+def tail_capped_frontiers(view: UniformView, stage_counts: list[int],
+                          e_levels: list[float]) -> dict[tuple[int, int], list[Split]]:
+    """For each S and each tail cap `e_levels[j]`, every non-dominated (A, C) split of `[opts] * S`
+    whose stages all have tails <= the cap, keyed (S, j); every pair advances in one sweep."""
+    counts = sorted(set(s for s in stage_counts if 1 <= s <= view.n))
+    rows = [(s, j) for s in counts for j in range(len(e_levels))]
+    levels = np.asarray(e_levels, dtype=float)
+    return parametric_frontiers(lambda live, caps: _splits_for_caps(
+        view, [s for s, _ in live], caps, levels[[j for _, j in live]]), rows)
 
 
 def least_a(view: UniformView, stage_counts: list[int]) -> dict[int, float | None]:

@@ -85,3 +85,53 @@ def test_two_run_frontiers_match_general_dp(seed: int) -> None:
         assert (tails[(k1, k2)] is None) == (ref_tail is None)
         if ref_tail is not None:
             assert math.isclose(tails[(k1, k2)], ref_tail, rel_tol=1e-9)
+
+
+def _capped_frontier(positions: list[StageOptions], e: float) -> list[tuple[float, float]]:
+    """The general DP's (A, C) frontier among splits whose every stage tail is <= e."""
+    from solvers.partition import best_split, pareto_ac
+
+    found, c = [], math.inf
+    while (sol := best_split(positions, c, e)) is not None:
+        found.append(sol)
+        c = float(np.nextafter(sol.c_s, -math.inf))
+    return [(round(p.a_s, 9), round(p.c_s, 9)) for p in pareto_ac(found)]
+
+
+def _levels(rng: np.random.Generator) -> list[float]:
+    return sorted(float(x) for x in rng.uniform(2, 30, size=3)) + [math.inf]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tail_capped_frontiers_match_general_dp(seed: int) -> None:
+    from solvers.uniform_layers import tail_capped_frontiers
+
+    rng = np.random.default_rng(200 + seed)
+    n = int(rng.integers(3, 8))
+    opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    levels = _levels(rng)
+    counts = list(range(1, n + 1))
+    fast = tail_capped_frontiers(uniform_view(opts), counts, levels)
+    for s in counts:
+        for j, e in enumerate(levels):
+            got = [(round(p.a_s, 9), round(p.c_s, 9)) for p in fast.get((s, j), [])]
+            assert got == _capped_frontier([opts] * s, e)
+            for p in fast.get((s, j), []):  # the split keeps the cap
+                assert p.e_s <= e
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tail_capped_chain_points_match_general_dp(seed: int) -> None:
+    from solvers.two_runs import tail_capped_chain_frontiers
+
+    rng = np.random.default_rng(300 + seed)
+    n = int(rng.integers(4, 8))
+    top_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    bottom_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    rows = [(k1, k2) for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+    levels = _levels(rng)
+    fast = tail_capped_chain_frontiers(uniform_view(top_opts), uniform_view(bottom_opts), rows, levels)
+    for k1, k2 in rows:
+        for j, e in enumerate(levels):
+            got = [(round(p.a_s, 9), round(p.c_s, 9)) for p in fast.get((k1, k2, j), [])]
+            assert got == _capped_frontier([top_opts] * k1 + [bottom_opts] * k2, e)

@@ -32,7 +32,7 @@ from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
 from planner.search.units import (Candidate, Unit, UnitContext, cheap_bound, coverage_rank, mixed_length,
-                                  skip_units, solve_unit)
+                                  refine_unit, skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -118,6 +118,7 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
            exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, top_k: int = 3,
+           refine_gap: float | None = 0.015,
            progress: Progress | None = None, target: str | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
 
@@ -127,6 +128,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     `mixed_limit` skeletons ("blocks<=2,mixed<=K"), or homogeneous pipelines only when not even
     two-stage mixed ones fit ("blocks<=1"; pipelines still differ from each other). The result's
     coverage is the narrowest one used.
+
+    On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
+    (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`) until
+    the gap is at most `refine_gap` (None: never), no unit is left, or the time limit passes.
 
     `target` restricts the search to plans one engine runs: "megatron", "torchtitan" and "deepspeed"
     search Megatron's grid (`megatron_grid`; their emitters refuse, with the reason, what they cannot
@@ -156,7 +161,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     coverages: set[str] = set()
     timed_out = False
     unsolved_sizes: set[int] = set()
-    explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0}
+    explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0}
     overhead = cost.knobs.step_overhead_s
     providers: list = []
     pending: list[Unit] = []
@@ -222,6 +227,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             if progress:
                 progress(k / len(keyed), f"micro_batch {u.b}, pipelines {u.lo}-{u.hi}")
             timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
+    if pending and candidates and refine_gap is not None:
+        _refine(ctx, refine_gap, None if time_limit is None else start + time_limit)
+    bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
         explored["templates"] += provider.stats.templates
@@ -255,6 +263,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
+
+
+def _refine(ctx: UnitContext, target: float, deadline: float | None) -> None:
+    """Tighten the lowest unit bounds (tail-capped frontiers, `units.refine_unit`) until the gap is
+    within `target`, no unit is left to refine, or the deadline passes."""
+    best = min(c.step_s for c in ctx.candidates)
+    while ctx.solved:
+        if deadline is not None and time.perf_counter() > deadline:
+            return
+        su = min(ctx.solved, key=lambda x: x.bound_s)
+        floor = min(ctx.bounds, default=np.inf)
+        if su.refined or best <= (1 + target) * min(su.bound_s, floor):
+            return
+        refine_unit(su, ctx, best, deadline)
+        ctx.explored["units_refined"] += 1
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,

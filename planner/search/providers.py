@@ -14,6 +14,7 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -28,8 +29,8 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
-from solvers.two_runs import chain_frontiers, chain_min_max_tails
-from solvers.uniform_layers import frontiers, least_a, min_max_tails, uniform_view
+from solvers.two_runs import chain_frontiers, chain_min_max_tails, tail_capped_chain_frontiers
+from solvers.uniform_layers import INF, frontiers, least_a, min_max_tails, tail_capped_frontiers, uniform_view
 
 
 @dataclass
@@ -145,6 +146,16 @@ class BlocksProvider:
         self._relaxed: list[Template] | None = None
         self._stage_index: dict[BlockType, np.ndarray] | None = None
         self._plan_stages: list[tuple[tuple[int, ...], tuple[TemplateStage, ...]]] | None = None
+        self._class_levels: dict[tuple[int, int], tuple[dict, dict]] = {}  # the class last refined
+        self._runs: tuple[dict, dict] | None = None
+
+    @property
+    def runs(self) -> tuple[dict[BlockType, list[int]], dict[tuple[BlockType, BlockType], list[tuple[int, int]]]]:
+        """Stage counts of the homogeneous skeletons per block type, and (k1, k2) of the two-run
+        ones per pair (computed once)."""
+        if self._runs is None:
+            self._runs = (_homogeneous_runs(self.skeletons), _two_run_rows(self.skeletons))
+        return self._runs
 
     @property
     def plan_protos(self) -> list[_Proto]:
@@ -172,7 +183,7 @@ class BlocksProvider:
         self._full.setdefault(self._r_lb, full)
         n_cls = len(self.classes)
         out = []
-        for bt, counts in _homogeneous_runs(self.skeletons).items():
+        for bt, counts in self.runs[0].items():
             view = uniform_view(full[bt])
             if view is None:
                 self._relaxed = self.zero_tail_templates()
@@ -193,7 +204,7 @@ class BlocksProvider:
         self._full[r_mem] = full
         opts, _, keep = _pruned(full, self.shapes, use_tail=False)
         out = []
-        runs = _homogeneous_runs(self.skeletons)
+        runs = self.runs[0]
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
         self._uniform.update({bt: uniform_view(full[bt]) is not None for bt in runs})
         views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in runs}
@@ -204,7 +215,7 @@ class BlocksProvider:
             for s, splits in sorted(frontiers(view, counts).items()):
                 out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
                            for sp in splits)
-        pairs = _two_run_rows(self.skeletons)
+        pairs = self.runs[1]
         views.update({bt: (uniform_view(opts[bt], trusted=True) if self._uniform.setdefault(
             bt, uniform_view(full[bt]) is not None) else None) for xy in pairs for bt in xy if bt not in views})
         for (x, y), rows in pairs.items():  # two runs over identical layers: all (k1, k2) at once
@@ -226,6 +237,21 @@ class BlocksProvider:
         self.stats.templates += len(out)
         return out
 
+    def _least_tails(self, opts: dict[BlockType, StageOptions],
+                     groups: set[tuple[BlockType, ...]] | None = None) -> dict[tuple[BlockType, ...], float | None]:
+        """Least possible largest stage tail of every uniform skeleton (of `groups`, default all):
+        one sweep per block type or pair; other skeletons are filled in on demand by `_lb_tails`."""
+        least: dict[tuple[BlockType, ...], float | None] = {}
+        views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
+        for bt, counts in self.runs[0].items():
+            if views.get(bt) is not None and (groups is None or (bt,) in groups):
+                least.update({(bt,) * s: t for s, t in min_max_tails(views[bt], counts).items()})
+        for (x, y), rows in self.runs[1].items():
+            if views.get(x) is not None and views.get(y) is not None and (groups is None or (x, y) in groups):
+                least.update({(x,) * k1 + (y,) * k2: t
+                              for (k1, k2), t in chain_min_max_tails(views[x], views[y], rows).items()})
+        return least
+
     def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> list[float | None]:
         """Per bound proto, the least possible largest stage tail of its skeleton over every
         memory-feasible split (fast for homogeneous ones). Memory feasibility comes from the bound
@@ -234,27 +260,19 @@ class BlocksProvider:
         full = self._full[self._r_lb]
         opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
                 for bt in tails}
-        least: dict[tuple[BlockType, ...], float | None] = {}
-        views: dict[BlockType, object] = {}
-
-        def view_of(bt: BlockType):
-            if bt not in views:
-                views[bt] = uniform_view(opts[bt], trusted=True) if self._uniform.get(bt) else None
-            return views[bt]
-
-        for bt, counts in _homogeneous_runs(self.skeletons).items():
-            if view_of(bt) is not None:
-                least.update({(bt,) * s: t for s, t in min_max_tails(view_of(bt), counts).items()})
-        for (x, y), rows in _two_run_rows(self.skeletons).items():
-            if view_of(x) is not None and view_of(y) is not None:
-                least.update({(x,) * k1 + (y,) * k2: t
-                              for (k1, k2), t in chain_min_max_tails(view_of(x), view_of(y), rows).items()})
-        out = []
+        least = self._least_tails(opts)
+        out: list[float | None] = []
         for p in self.lb_protos:
             if p.skeleton not in least:
                 least[p.skeleton] = min_max_tail([opts[bt] for bt in p.skeleton])
             out.append(least[p.skeleton])
         return out
+
+    def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
+        """The bound protos with their skeleton's least tail (None-tailed ones dropped)."""
+        n_cls = len(self.classes)
+        return [Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, e, None, (), p.skeleton)
+                for p, e in zip(self.lb_protos, self._lb_tails(tails)) if e is not None]
 
     def zero_tail_templates(self) -> list[Template]:
         """The bound templates with every tail set to 0: their assignment optimum bounds every plan
@@ -277,14 +295,73 @@ class BlocksProvider:
         plan_set = [Template(usage, p.a_s, p.c_s, float(e), None, stages)
                     for p, e, (usage, stages) in zip(self.plan_protos, e_plan, self._plan_stages)]
         lb_tails = tails if self.training.zero == 0 else self._options(lo, hi, tails_only=True)
-        lb_set = []
-        for p, e in zip(self.lb_protos, self._lb_tails(lb_tails)):
-            if e is None:
-                continue
-            lb_set.append(Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, e, None, ()))
+        lb_set = self._lb_templates(lb_tails)
         kept = prune_templates(plan_set)
         self.stats.pruned += len(plan_set) - len(kept)
         return kept, prune_templates(lb_set)
+
+    @staticmethod
+    def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
+        """The batch a skeleton's frontier is computed in: its block type, or its two run types."""
+        kinds = tuple(dict.fromkeys(skeleton))
+        return kinds if len(kinds) <= 2 else None
+
+    def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
+                        ratio: float = 1.25) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
+        """Tighter bound templates for the skeletons of `groups` (uniform layers only), and the
+        groups they cover (their `templates` bound templates are then superseded).
+
+        Each group's (A, C) frontiers are recomputed under caps e_0 < e_1 < ... (geometric, ratio
+        `ratio`, up to `e_cap`, then no cap) on every stage's tail for this class. A split with
+        largest tail E lies under cap e_j for the first e_j >= E, so a point of level j's frontier
+        has A and C no larger, while E > e_{j-1}: that point with tail max(E_min, e_{j-1}) (E_min
+        the skeleton's least possible largest tail) bounds the split."""
+        key = (lo, hi)
+        if key not in self._class_levels:  # kept across the rounds of one unit's refinement
+            tails = self._options(lo, hi if self.training.zero else lo, tails_only=True)
+            full = self._full[self._r_lb]
+            self._class_levels = {key: ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
+                                                          full[bt].act, full[bt].capacity) for bt in tails}, {})}
+        with_tails, cache = self._class_levels[key]
+        n_cls = len(self.classes)
+        out: list[Template] = []
+        covered: set[tuple[BlockType, ...]] = set()
+        for g in sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g)):
+            if g not in cache:
+                cache[g] = self._level_frontiers(with_tails, g, e_cap, ratio)
+            if cache[g] is None:
+                continue
+            covered.add(g)
+            levels, least, found = cache[g]
+            for (sk, j), points in found.items():
+                e_min = least.get(sk)
+                if e_min is None:
+                    continue
+                e = e_min if j == 0 else max(e_min, levels[j - 1])
+                out.extend(Template(_usage(sk, n_cls), a, c, e, None, (), sk) for a, c in points)
+        return out, covered
+
+    def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], g: tuple[BlockType, ...],
+                         e_cap: float, ratio: float) -> tuple | None:
+        """(levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}) of one group."""
+        opts, _, _ = _pruned({bt: with_tails[bt] for bt in g}, {bt: self.shapes[bt] for bt in g}, use_tail=True)
+        views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
+        if any(v is None for v in views.values()):
+            return None
+        least = self._least_tails(with_tails, {g})
+        if not any(t is not None for t in least.values()):
+            return None
+        e_lo = max(min(t for t in least.values() if t is not None), 1e-9)
+        e_top = min(e_cap, max(float(np.max(o.tail[np.isfinite(o.fb)], initial=0.0)) for o in opts.values()))
+        levels = [e_lo * ratio ** k for k in range(int(math.log(max(e_top, e_lo) / e_lo) / math.log(ratio)) + 2)]
+        levels.append(INF)
+        if len(g) == 1:
+            raw = {((g[0],) * s, j): v for (s, j), v in
+                   tail_capped_frontiers(views[g[0]], self.runs[0].get(g[0], []), levels).items()}
+        else:
+            raw = {((g[0],) * k1 + (g[1],) * k2, j): v for (k1, k2, j), v in
+                   tail_capped_chain_frontiers(views[g[0]], views[g[1]], self.runs[1].get(g, []), levels).items()}
+        return levels, least, {k: [(sp.a_s, sp.c_s) for sp in v] for k, v in raw.items()}
 
     def _plan_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
         """Largest stage tail of every plan proto (one gather per block type)."""

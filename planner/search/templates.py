@@ -34,6 +34,7 @@ class Template:
     e_s: float  # tail: exposed gradient sync + optimizer
     max_microbatches: int | None  # memory holds only up to this many microbatches (None: any)
     stages: tuple[TemplateStage, ...]
+    skeleton: tuple | None = None  # bound templates: the skeleton they stand for (for refinement)
 
     def time_s(self, microbatches: int) -> float:
         return self.a_s + (microbatches - 1) * self.c_s

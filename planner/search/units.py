@@ -8,7 +8,7 @@ large pools, and turns an assignment into a scored candidate plan.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,12 +17,12 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
-from planner.search.templates import Template, count_two_run_skeletons
+from planner.search.templates import Template, count_two_run_skeletons, prune_templates
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
-from solvers.assign_lp import pipeline_time_bound, solve_assignment_lp
+from solvers.assign_lp import lp_support, pipeline_time_bound, solve_assignment_lp
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +68,22 @@ class UnitContext:
     cost: CostModel
     avail: tuple[int, ...]
     candidates: list[Candidate]  # appended to
-    bounds: list[float]  # appended to
+    bounds: list[float]  # appended to: bounds of skipped units and sizes
     unsolved_sizes: set[int]  # added to
     stats: SolverStats
     explored: dict[str, int]
+    solved: list["SolvedUnit"] = field(default_factory=list)  # appended to: solved units' bounds
+
+
+@dataclass(slots=True)
+class SolvedUnit:
+    """A solved unit's bound (step, overhead included) and the bound templates it came from, kept
+    so the bound can be tightened later (`refine_unit`)."""
+
+    bound_s: float
+    unit: Unit
+    lb_set: list[Template]
+    refined: bool = False
 
 
 def coverage_rank(name: str) -> tuple[int, int]:
@@ -134,7 +146,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         # an ILP gave up or the frontier was cut short: no claim here, the fluid bound covers it
         ctx.unsolved_sizes.add(u.b)
     elif lb is not None and not getattr(provider, "truncated", False):
-        ctx.bounds.append((lb.bound_s + overhead) * (1 - 1e-9))
+        ctx.solved.append(SolvedUnit((lb.bound_s + overhead) * (1 - 1e-9), u, lb_set))
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u.b, ctx)
         copies = int(sum(sol.counts))
@@ -146,6 +158,46 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
             if again is not None and any(again.counts):
                 _add_candidate(exact_set, again, u.b, ctx)
     return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
+
+
+def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,
+                max_rounds: int = 6) -> None:
+    """Tighten a solved unit's bound: the skeleton groups the LP bound leans on get tail-capped
+    frontiers (`BlocksProvider.level_templates`), round after round until the LP uses no
+    unrefined group. Every round's template set is valid, so the bound only rises."""
+    provider, u = su.unit.provider, su.unit
+    su.refined = True
+    if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s:
+        return
+    overhead = ctx.cost.knobs.step_overhead_s
+    lb_set, done = su.lb_set, set()
+    # tails above e_cap cannot be in a plan that beats the incumbent: the levels stop there
+    pipe = pipeline_time_bound(_problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi)), ctx.stats)
+    e_cap = incumbent_s - overhead - (pipe or 0.0)
+    for _ in range(max_rounds):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+        used = lp_support(problem, su.bound_s - overhead, stats=ctx.stats)
+        groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used)
+                  if lb_set[k].skeleton is not None} - done - {None}
+        if not groups:
+            break
+        new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap)
+        done |= groups
+        if not covered:
+            break
+        lb_set = prune_templates([t for t in lb_set if provider.skeleton_group(t.skeleton or ()) not in covered] + new)
+        unit = SolverStats()
+        lb = solve_assignment_lp(_problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
+                                 incumbent_s=incumbent_s - overhead, deadline=deadline, bound_only=True)
+        ctx.stats.ilp_solves += unit.ilp_solves
+        if lb is None or unit.truncated:
+            break
+        su.bound_s = max(su.bound_s, (lb.bound_s + overhead) * (1 - 1e-9))
+        su.lb_set = lb_set
+        if su.bound_s >= incumbent_s:
+            break
 
 
 def _add_candidate(templates: list[Template], sol: Assignment, micro_batch: int, ctx: UnitContext) -> None:

@@ -1,0 +1,77 @@
+"""Tail-capped bound templates (`BlocksProvider.level_templates`) and the bound refinement of `search`.
+
+The refined templates must still bound every split: each exact (A, C, E) point of every covered
+skeleton (the general DP, `split_frontier(with_tail=True)`) is dominated by a refined template of
+that skeleton. And they must be tighter than the old ones somewhere, else the test proves nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.search import search
+from planner.search.providers import BlocksProvider
+from planner.search.space import block_types, resource_classes, stage_shapes
+from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
+from solvers.partition import StageOptions, split_frontier
+
+COST = AnalyticCostModel()
+MODEL = ModelSpec(name="refine-model", num_layers=6, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=8,
+                  vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
+CLUSTER = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=4),
+                             NodeGroup(gpu="V100-SXM2-16GB", nodes=1, gpus_per_node=2)])
+TRAINING = TrainingSpec(global_batch=16, seq_len=2048)
+
+
+def _provider(b: int) -> BlocksProvider:
+    classes = resource_classes(CLUSTER)
+    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, b) for rc in classes}
+    return BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), tuple(rc.gpus for rc in classes),
+                          b, CLUSTER.single_node)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_level_templates_dominate_every_split(replicas: int) -> None:
+    provider = _provider(1)
+    _, lb_set = provider.templates(replicas, replicas)
+    groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
+    new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf)
+    assert covered == groups and new
+    by_skeleton: dict = {}
+    for t in new:
+        by_skeleton.setdefault(t.skeleton, []).append(t)
+    full = provider._options(1, 1)
+    tails = provider._options(replicas, replicas, tails_only=True)
+    opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
+            for bt in full}
+    old_tail = {t.skeleton: t.e_s for t in lb_set}
+    tighter = False
+    checked = 0
+    for sk in provider.skeletons:
+        if provider.skeleton_group(sk) not in covered:
+            continue
+        for split in split_frontier([opts[bt] for bt in sk], with_tail=True):
+            checked += 1
+            assert any(t.a_s <= split.a_s * (1 + 1e-9) and t.c_s <= split.c_s * (1 + 1e-9)
+                       and t.e_s <= split.e_s * (1 + 1e-9) for t in by_skeleton.get(sk, [])), (sk, split)
+        tighter |= any(t.e_s > old_tail.get(sk, math.inf) * (1 + 1e-9) for t in by_skeleton.get(sk, []))
+    assert checked > 20
+    assert tighter
+
+
+def test_refinement_raises_the_bound_and_keeps_the_plan() -> None:
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
+                                 NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="V100-SXM2-32GB", nodes=1, gpus_per_node=4)])
+    model = ModelSpec(name="refine-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
+                      vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
+    training = TrainingSpec(global_batch=64, seq_len=2048)
+    plain = search(model, cluster, training, cost=COST, refine_gap=None)
+    refined = search(model, cluster, training, cost=COST, refine_gap=0.0)
+    assert plain.coverage != "exact"
+    assert refined.prediction.step_s == plain.prediction.step_s
+    assert plain.lower_bound_s <= refined.lower_bound_s <= refined.prediction.step_s
+    assert refined.lower_bound_s > plain.lower_bound_s * (1 + 1e-4)
