@@ -33,7 +33,7 @@ def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, i
     """Least-A split of each row (k1, k2) under its F+B cap (and tail cap); with `points_only`
     just its (A, C), tracked through the DP instead of recovered."""
     big_n = top.decoders
-    index, invalid = _shift_index(big_n)
+    index = _shift_index(big_n)
     k2s = np.array([k2 for _, k2 in rows])
     total = np.array([k1 + k2 for k1, k2 in rows])
     value, last_o = _best(bottom.last, 1, caps, bottom.capacity, ecaps)
@@ -47,7 +47,7 @@ def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, i
             fb_b, o_b = _best(bottom.mid, r, caps, bottom.capacity, ecaps)
             fb_t, o_t = _best(top.mid, r, caps, top.capacity, ecaps)
             stage = np.where(on_top[:, None], fb_t, fb_b)
-            value, arg_d = _conv(stage, value, index, invalid)
+            value, arg_d = _conv(stage, value, index)
             if points_only:
                 cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
                                   np.take_along_axis(cmax, np.clip(k_idx - arg_d, 0, big_n), axis=1))
@@ -119,7 +119,7 @@ def chain_min_max_tails(top: UniformView, bottom: UniformView,
                         rows: list[tuple[int, int]]) -> dict[tuple[int, int], float | None]:
     """Least possible largest stage tail over every memory-feasible split of each (k1, k2)."""
     big_n = top.decoders
-    index, invalid = _shift_index(big_n)
+    index = _shift_index(big_n)
     rows = sorted(set(rows))
     out: dict[tuple[int, int], float | None] = {r: None for r in rows}
     if not rows:
@@ -136,7 +136,7 @@ def chain_min_max_tails(top: UniformView, bottom: UniformView,
         if r >= 2:
             stage = np.where((r > k2s)[:, None], best_tail(top.mid, r, top.capacity)[None],
                              best_tail(bottom.mid, r, bottom.capacity)[None])
-            shifted = np.where(invalid[None], INF, value[:, index])
+            shifted = np.concatenate([value, np.full((value.shape[0], 1), INF)], axis=1)[:, index]
             value = np.min(np.maximum(stage[:, None, :], shifted), axis=2)
         first = best_tail(top.first, r + 1, top.capacity)
         for b in np.flatnonzero(total == r + 1):

@@ -15,9 +15,10 @@ r microbatches under 1F1B). The results equal `partition.split_frontier(..., wit
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +36,14 @@ class Kind:
     tail: np.ndarray
     mem_fixed: np.ndarray
     act: np.ndarray
+    fits: dict = field(default_factory=dict, repr=False)  # flight -> fb, +inf where memory overflows
+
+    def fb_fitting(self, flight: int, capacity: float) -> np.ndarray:
+        """F+B where `flight` microbatches fit in memory, +inf elsewhere (cached per flight)."""
+        key = (flight, capacity)
+        if key not in self.fits:
+            self.fits[key] = np.where(self.mem_fixed + flight * self.act <= capacity, self.fb, INF)
+        return self.fits[key]
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,23 +104,27 @@ def _best(kind: Kind, flight: int, caps: np.ndarray, capacity: float,
           ecaps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Least F+B over options per (row, d) under each row's cap on F+B (and on the tail, when
     `ecaps` is given) and memory at `flight`; and the option."""
-    ok = (kind.mem_fixed + flight * kind.act <= capacity)[None] & (kind.fb[None] <= caps[:, None, None])
+    fb = kind.fb_fitting(flight, capacity)[None]
+    ok = fb <= caps[:, None, None]
     if ecaps is not None:
         ok = ok & (kind.tail[None] <= ecaps[:, None, None])
-    cost = np.where(ok, kind.fb[None], INF)  # (B, O, D)
+    cost = np.where(ok, fb, INF)  # (B, O, D)
     arg = np.argmin(cost, axis=1)
     return np.take_along_axis(cost, arg[:, None, :], axis=1)[:, 0, :], arg
 
 
-def _shift_index(big_n: int) -> tuple[np.ndarray, np.ndarray]:
+@functools.lru_cache(maxsize=64)
+def _shift_index(big_n: int) -> np.ndarray:
+    """index[k, d] = k - d, or N + 1 (a padding column of +inf) where d > k."""
     k = np.arange(big_n + 1)[:, None]
     d = np.arange(big_n + 1)[None, :]
-    return np.clip(k - d, 0, big_n), (k - d) < 0
+    return np.where(k < d, big_n + 1, k - d)
 
 
-def _conv(stage: np.ndarray, rest: np.ndarray, index: np.ndarray, invalid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _conv(stage: np.ndarray, rest: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(min, +) convolution per batch row: out[b, k] = min_d stage[b, d] + rest[b, k - d]."""
-    total = stage[:, None, :] + np.where(invalid[None], INF, rest[:, index])
+    padded = np.concatenate([rest, np.full((rest.shape[0], 1), INF)], axis=1)
+    total = stage[:, None, :] + padded[:, index]
     arg = np.argmin(total, axis=2)
     return np.take_along_axis(total, arg[:, :, None], axis=2)[:, :, 0], arg
 
@@ -122,7 +135,7 @@ def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarra
     cap `caps[b]` on F+B and, when given, `ecaps[b]` on every stage's tail."""
     big_n, cap = view.decoders, view.capacity
     counts = np.asarray(stage_counts)
-    index, invalid = _shift_index(big_n)
+    index = _shift_index(big_n)
     out: list[Split | None] = [None] * len(stage_counts)
     row_e = None if ecaps is None else np.asarray(ecaps, dtype=float)
     ones = np.flatnonzero(counts == 1)
@@ -143,7 +156,7 @@ def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarra
     for r in range(1, int(row_s.max())):
         if r >= 2:
             mid_fb, mid_o = _best(view.mid, r, row_caps, cap, row_ecaps)
-            value, arg_d = _conv(mid_fb, value, index, invalid)
+            value, arg_d = _conv(mid_fb, value, index)
             trace.append((arg_d, mid_o))
         done = np.flatnonzero(row_s == r + 1)
         if not len(done):
@@ -241,7 +254,7 @@ def min_max_tails(view: UniformView, stage_counts: list[int]) -> dict[int, float
     """Least possible largest stage tail over every memory-feasible split, per stage count (the
     table for r stages left is shared by every S > r: one sweep)."""
     big_n = view.decoders
-    index, invalid = _shift_index(big_n)
+    index = _shift_index(big_n)
     out: dict[int, float | None] = {}
 
     def best_tail(kind: Kind, flight: int) -> np.ndarray:
@@ -258,7 +271,7 @@ def min_max_tails(view: UniformView, stage_counts: list[int]) -> dict[int, float
     for r in range(1, counts[-1]):
         if r >= 2:
             stage = best_tail(view.mid, r)
-            value = np.min(np.maximum(stage[None, :], np.where(invalid, INF, value[index])), axis=1)
+            value = np.min(np.maximum(stage[None, :], np.append(value, INF)[index]), axis=1)
         if r + 1 in counts:
             t = float(np.min(np.maximum(best_tail(view.first, r + 1), value[big_n - np.arange(big_n + 1)])))
             out[r + 1] = t if math.isfinite(t) else None

@@ -28,6 +28,7 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
+from planner.search.parallel import prefetch_frontiers
 from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
@@ -118,7 +119,7 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
            exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, top_k: int = 3,
-           refine_gap: float | None = 0.015,
+           refine_gap: float | None = 0.015, workers: int = 1,
            progress: Progress | None = None, target: str | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
 
@@ -132,6 +133,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`) until
     the gap is at most `refine_gap` (None: never), no unit is left, or the time limit passes.
+
+    `workers` > 1 computes the split frontiers of the microbatch sizes in that many processes
+    (`parallel`); the result does not depend on it.
 
     `target` restricts the search to plans one engine runs: "megatron", "torchtitan" and "deepspeed"
     search Megatron's grid (`megatron_grid`; their emitters refuse, with the reason, what they cannot
@@ -209,6 +213,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 progress((bi + k / len(units)) / len(sizes), f"micro_batch {b}, pipelines {u.lo}-{u.hi}")
             timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
     if pending:
+        prefetch_frontiers(providers, workers)
         # Best-first: each unit's least pipeline time with no tails (one LP per bisection step) bounds
         # every plan in it; units are solved in that order until none can beat the best plan found.
         keyed = sorted(((cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),

@@ -169,6 +169,23 @@ class BlocksProvider:
             self._lb_protos = self.plan_protos if self._r_lb == 1 else self._protos(self._r_lb)
         return self._lb_protos
 
+    @property
+    def needs_frontiers(self) -> bool:
+        """Whether even the cheap bound needs every split frontier (some skeleton mixes runs)."""
+        return any(len(set(sk)) > 1 for sk in self.skeletons)
+
+    def frontier_state(self) -> tuple:
+        """The split frontiers (computed here if not yet) and what they were computed from, to
+        hand from a worker process to the parent (`adopt_frontier_state`)."""
+        lb = self.lb_protos
+        return (self.plan_protos, lb if lb is not self.plan_protos else None, self._full, self._uniform,
+                self.truncated, self.stats.templates)
+
+    def adopt_frontier_state(self, state: tuple) -> None:
+        plan, lb, self._full, self._uniform, self.truncated, self.stats.templates = state
+        self._plan_protos = plan
+        self._lb_protos = plan if lb is None else lb
+
     def relaxed_templates(self) -> list[Template]:
         """Cheap optimistic templates, before any frontier: per homogeneous skeleton of uniform
         layers (A_min, A_min / S, tail 0), with A_min the least A of any memory-feasible split;

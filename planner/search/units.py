@@ -233,5 +233,5 @@ def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tu
     if lb_set is plan_set:
         return sol, sol
     lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
-                             deadline=deadline) if lb_set else None
+                             deadline=deadline, bound_only=True) if lb_set else None
     return sol, lb
