@@ -62,16 +62,27 @@ def test_level_templates_dominate_every_split(replicas: int) -> None:
     assert tighter
 
 
-def test_refinement_raises_the_bound_and_keeps_the_plan() -> None:
-    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
+BIG_CLUSTER = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
                                  NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
                                  NodeGroup(gpu="V100-SXM2-32GB", nodes=1, gpus_per_node=4)])
-    model = ModelSpec(name="refine-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
+BIG_MODEL = ModelSpec(name="refine-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
                       vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
-    training = TrainingSpec(global_batch=64, seq_len=2048)
-    plain = search(model, cluster, training, cost=COST, refine_gap=None)
-    refined = search(model, cluster, training, cost=COST, refine_gap=0.0)
+BIG_TRAINING = TrainingSpec(global_batch=64, seq_len=2048)
+
+
+def test_refinement_raises_the_bound_and_keeps_the_plan() -> None:
+    plain = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, refine_gap=None)
+    refined = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, refine_gap=0.0)
     assert plain.coverage != "exact"
     assert refined.prediction.step_s == plain.prediction.step_s
     assert plain.lower_bound_s <= refined.lower_bound_s <= refined.prediction.step_s
     assert refined.lower_bound_s > plain.lower_bound_s * (1 + 1e-4)
+
+
+def test_worker_processes_do_not_change_the_answer() -> None:
+    one = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=1)
+    two = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=2)
+    assert two.plan.to_json() == one.plan.to_json()
+    assert two.lower_bound_s == one.lower_bound_s
+    assert {k: v for k, v in two.stats.items() if k != "search_s"} == {k: v for k, v in one.stats.items()
+                                                                      if k != "search_s"}

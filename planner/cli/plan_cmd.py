@@ -6,6 +6,7 @@ The table and progress bar go to stderr; `--json` prints the plan and the search
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,8 @@ def plan_command(
     time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap"),
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
+    workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
+                                help="processes for the split frontiers (large pools); the plan does not depend on it"),
     profiles: Path | None = PROFILES_OPT,
     knobs: Path | None = KNOBS_OPT,
     measured_only: bool = typer.Option(False, "--measured-only",
@@ -114,14 +117,14 @@ def plan_command(
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                        max_blocks=max_blocks, target=target)
+                        max_blocks=max_blocks, target=target, workers=workers)
     else:
         from rich.progress import Progress
 
         with Progress(console=err_console(), transient=True) as bar:
             task = bar.add_task("searching", total=1.0)
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                            max_blocks=max_blocks, target=target,
+                            max_blocks=max_blocks, target=target, workers=workers,
                             progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate

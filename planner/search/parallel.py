@@ -4,7 +4,7 @@ The frontiers of one microbatch size do not depend on another's, and on large po
 large part of the search; with `workers > 1` they are computed in forked processes (each inherits
 the providers, returns its frontiers) and handed back before the units are solved. The results are
 the same as computing them in turn, so plans and bounds do not depend on `workers`. Platforms
-without fork compute them in turn.
+without fork, and daemon processes (pool workers), compute them in turn.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def prefetch_frontiers(providers: list, workers: int) -> None:
     fewer than two providers that need them)."""
     global _PROVIDERS
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
-    if workers <= 1 or len(todo) <= 1 or "fork" not in mp.get_all_start_methods():
-        return
+    if workers <= 1 or len(todo) <= 1 or "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
+        return  # (a daemon process, e.g. a pool worker, may not start processes of its own)
     _PROVIDERS = todo
     try:
         with mp.get_context("fork").Pool(min(workers, len(todo))) as pool:
