@@ -111,9 +111,21 @@ class _CapacityLP:
 
 def _root(p: AssignProblem, allowed: np.ndarray, copies: np.ndarray, lo: float, hi: float) -> float:
     """Least T in [lo, hi] at which these (fractional, per-template) copies hold M microbatches;
-    `hi` must reach it. Bisection on a cheap monotone function, to 1e-12 relative."""
-    return _least_true(lambda t: float(copies @ _kappa(p, allowed, t)) >= p.microbatches * (1 - 1e-12),
-                       lo, hi, 1e-12)
+    `hi` must reach it. Bisection on a cheap monotone function (only the copies' templates are
+    costed), to 1e-12 relative."""
+    used = np.flatnonzero((copies > 0) & allowed)
+    n = copies[used]
+    a, c = p.a_s[used], p.c_s[used]
+    cap = np.minimum(p.max_microbatches[used], p.microbatches).astype(float)
+    enough = p.microbatches * (1 - 1e-12)
+
+    def holds(t: float) -> bool:  # the same capacities as `_kappa`, on the used templates
+        with np.errstate(invalid="ignore", divide="ignore"):
+            k = np.floor((t - a) / c + 1e-12) + 1
+        k = np.where(t + 1e-15 >= a, np.minimum(k, cap), 0.0)
+        return float(n @ k) >= enough
+
+    return _least_true(holds, lo, hi, 1e-12)
 
 
 def _least_true(holds, lo: float, hi: float, rel: float) -> float:

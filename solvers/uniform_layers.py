@@ -62,42 +62,57 @@ class UniformView:
         return self.n - 2
 
 
+def _is_uniform(opts: StageOptions) -> bool:
+    """Every middle range [i, i + d) costs what [1, 1 + d) costs, in every field (and is finite
+    exactly where that one is)."""
+    big_n = opts.num_layers - 2
+    d_idx = np.concatenate([np.full(big_n + 1 - d, d) for d in range(1, big_n + 1)])
+    i_idx = np.concatenate([np.arange(1, big_n + 2 - d) for d in range(1, big_n + 1)])
+    valid = np.isfinite(opts.fb[:, i_idx, i_idx + d_idx])
+    for f in _FIELDS:
+        vals = np.where(valid, getattr(opts, f)[:, i_idx, i_idx + d_idx], INF)
+        ref = vals[:, np.searchsorted(d_idx, d_idx)]  # the i = 1 entry of each d (d_idx ascends)
+        fin = np.isfinite(ref)
+        if not np.array_equal(np.isfinite(vals), fin):
+            return False
+        diff = np.abs(np.where(fin, vals - np.where(fin, ref, 0.0), 0.0))
+        if np.any(diff > 1e-9 * np.maximum(np.abs(np.where(fin, ref, 0.0)), 1e-300)):
+            return False
+    return True
+
+
+def _kind_columns(a: np.ndarray, mid_ok: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """One field's (first, mid, last, whole) tables by decoder count d = 0..N."""
+    big_n = n - 2
+    d_all = np.arange(big_n + 1)
+    mid = np.full((a.shape[0], big_n + 1), INF)
+    mid[:, 1:] = np.where(mid_ok, a[:, 1, 2:n], INF)  # the middle range [1, 1 + d)
+    whole = np.full((a.shape[0], big_n + 1), INF)
+    whole[:, big_n] = a[:, 0, n]
+    return a[:, 0, 1 + d_all], mid, a[:, n - 1 - d_all, n], whole
+
+
 def uniform_view(opts: StageOptions, trusted: bool = False) -> UniformView | None:
     """The kind tables, or None when a middle stage's cost depends on its position. `trusted` skips
     that check (for arrays already checked at another replica count: tails change with replicas,
     their dependence on the layer range does not)."""
     n = opts.num_layers
-    big_n = n - 2
-    if big_n < 1:
+    if n - 2 < 1 or not (trusted or _is_uniform(opts)):
         return None
-    arrays = {f: getattr(opts, f) for f in _FIELDS}
-    d_all = np.arange(big_n + 1)
-    # every middle range [i, i + d) with 1 <= i and i + d <= N + 1, grouped by d
-    d_idx = np.concatenate([np.full(big_n + 1 - d, d) for d in range(1, big_n + 1)])
-    i_idx = np.concatenate([np.arange(1, big_n + 2 - d) for d in range(1, big_n + 1)])
-    first_of_d = np.concatenate([[0], np.cumsum([big_n + 1 - d for d in range(1, big_n)])]).astype(np.int64)
-    ref_pos = first_of_d[d_idx - 1]  # position of the i = 1 entry of the same d
-    valid = np.isfinite(opts.fb[:, i_idx, i_idx + d_idx])
-    mid_cols: dict[str, np.ndarray] = {}
-    for f, a in arrays.items():
-        vals = np.where(valid, a[:, i_idx, i_idx + d_idx], INF)
-        ref = vals[:, ref_pos]
-        fin = np.isfinite(ref)
-        if not trusted:
-            if not np.array_equal(np.isfinite(vals), fin):
-                return None
-            diff = np.abs(np.where(fin, vals - np.where(fin, ref, 0.0), 0.0))
-            if np.any(diff > 1e-9 * np.maximum(np.abs(np.where(fin, ref, 0.0)), 1e-300)):
-                return None
-        col = np.full((opts.fb.shape[0], big_n + 1), INF)
-        col[:, 1:] = vals[:, first_of_d]
-        mid_cols[f] = col
-    first = Kind(*(a[:, 0, 1 + d_all] for a in arrays.values()))
-    last = Kind(*(a[:, n - 1 - d_all, n] for a in arrays.values()))
-    whole_cols = [np.full((opts.fb.shape[0], big_n + 1), INF) for _ in _FIELDS]
-    for col, a in zip(whole_cols, arrays.values()):
-        col[:, big_n] = a[:, 0, n]
-    return UniformView(n, first, Kind(*mid_cols.values()), last, Kind(*whole_cols), opts.capacity)
+    mid_ok = np.isfinite(opts.fb[:, 1, 2:n])
+    cols = [_kind_columns(getattr(opts, f), mid_ok, n) for f in _FIELDS]
+    first, mid, last, whole = (Kind(*(c[k] for c in cols)) for k in range(4))
+    return UniformView(n, first, mid, last, whole, opts.capacity)
+
+
+def with_tail(view: UniformView, tail: np.ndarray) -> UniformView:
+    """The same view with the stage tails of `tail` (O, L+1, L+1), e.g. re-costed for another
+    replica count; F+B, memory and their caches are shared."""
+    n = view.n
+    mid_ok = np.isfinite(view.mid.fb[:, 1:])
+    cols = _kind_columns(tail, mid_ok, n)
+    kinds = [Kind(k.fb, c, k.mem_fixed, k.act, k.fits) for k, c in zip((view.first, view.mid, view.last, view.whole), cols)]
+    return UniformView(n, *kinds, view.capacity)
 
 
 def _best(kind: Kind, flight: int, caps: np.ndarray, capacity: float,

@@ -30,7 +30,8 @@ from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
 from solvers.two_runs import chain_frontiers, chain_min_max_tails, tail_capped_chain_frontiers
-from solvers.uniform_layers import INF, frontiers, least_a, min_max_tails, tail_capped_frontiers, uniform_view
+from solvers.uniform_layers import (INF, frontiers, least_a, min_max_tails, tail_capped_frontiers, uniform_view,
+                                    with_tail)
 
 
 @dataclass
@@ -148,6 +149,8 @@ class BlocksProvider:
         self._plan_stages: list[tuple[tuple[int, ...], tuple[TemplateStage, ...]]] | None = None
         self._class_levels: dict[tuple[int, int], tuple[dict, dict]] = {}  # the class last refined
         self._runs: tuple[dict, dict] | None = None
+        self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
+        self._lb_meta: tuple | None = None  # see _lb_index
 
     @property
     def runs(self) -> tuple[dict[BlockType, list[int]], dict[tuple[BlockType, BlockType], list[tuple[int, int]]]]:
@@ -259,7 +262,8 @@ class BlocksProvider:
         """Least possible largest stage tail of every uniform skeleton (of `groups`, default all):
         one sweep per block type or pair; other skeletons are filled in on demand by `_lb_tails`."""
         least: dict[tuple[BlockType, ...], float | None] = {}
-        views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
+        wanted = None if groups is None else {bt for g in groups for bt in g}
+        views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items() if wanted is None or bt in wanted}
         for bt, counts in self.runs[0].items():
             if views.get(bt) is not None and (groups is None or (bt,) in groups):
                 least.update({(bt,) * s: t for s, t in min_max_tails(views[bt], counts).items()})
@@ -268,6 +272,25 @@ class BlocksProvider:
                 least.update({(x,) * k1 + (y,) * k2: t
                               for (k1, k2), t in chain_min_max_tails(views[x], views[y], rows).items()})
         return least
+
+    def _tail_view(self, bt: BlockType, tail: np.ndarray):
+        """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
+        if not self._uniform.get(bt):
+            return None
+        if bt not in self._base_views:
+            self._base_views[bt] = uniform_view(self._full[self._r_lb][bt], trusted=True)
+        return with_tail(self._base_views[bt], tail)
+
+    def _lb_index(self) -> tuple[list[tuple[BlockType, ...]], np.ndarray, list[tuple[int, ...]]]:
+        """The bound protos' distinct skeletons, each proto's skeleton index and GPU usage (computed
+        once: hashing long skeleton tuples per proto and class was a hot spot)."""
+        if self._lb_meta is None:
+            index: dict[tuple[BlockType, ...], int] = {}
+            of = np.array([index.setdefault(p.skeleton, len(index)) for p in self.lb_protos], dtype=np.int64)
+            skeletons = list(index)
+            usage = [_usage(sk, len(self.classes)) for sk in skeletons]
+            self._lb_meta = (skeletons, of, [usage[k] for k in of])
+        return self._lb_meta
 
     def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> list[float | None]:
         """Per bound proto, the least possible largest stage tail of its skeleton over every
@@ -278,26 +301,23 @@ class BlocksProvider:
         opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
                 for bt in tails}
         least = self._least_tails(opts)
-        out: list[float | None] = []
-        for p in self.lb_protos:
-            if p.skeleton not in least:
-                least[p.skeleton] = min_max_tail([opts[bt] for bt in p.skeleton])
-            out.append(least[p.skeleton])
-        return out
+        skeletons, of, _ = self._lb_index()
+        per_skeleton = [least[sk] if sk in least else min_max_tail([opts[bt] for bt in sk]) for sk in skeletons]
+        return [per_skeleton[k] for k in of.tolist()]
 
     def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
         """The bound protos with their skeleton's least tail (None-tailed ones dropped)."""
-        n_cls = len(self.classes)
-        return [Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, e, None, (), p.skeleton)
-                for p, e in zip(self.lb_protos, self._lb_tails(tails)) if e is not None]
+        _, _, usage = self._lb_index()
+        return [Template(u, p.a_s, p.c_s, e, None, (), p.skeleton)
+                for p, e, u in zip(self.lb_protos, self._lb_tails(tails), usage) if e is not None]
 
     def zero_tail_templates(self) -> list[Template]:
         """The bound templates with every tail set to 0: their assignment optimum bounds every plan
         of this microbatch size whatever its replica count (tails are >= 0, memory as for r_all)."""
         if self._zero is None:
-            n_cls = len(self.classes)
-            self._zero = prune_templates([Template(_usage(p.skeleton, n_cls), p.a_s, p.c_s, 0.0, None, ())
-                                          for p in self.lb_protos])
+            _, _, usage = self._lb_index()
+            self._zero = prune_templates([Template(u, p.a_s, p.c_s, 0.0, None, ())
+                                          for p, u in zip(self.lb_protos, usage)])
         return self._zero
 
     def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
