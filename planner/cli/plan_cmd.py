@@ -88,6 +88,8 @@ def plan_command(
     time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap"),
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
+    refine_gap: float = typer.Option(0.015, "--refine-gap", min=0.0,
+                                     help="large pools: tighten the bound until the gap is at most this (0.015 = 1.5 %)"),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
                                 help="processes for the split frontiers (large pools); the plan does not depend on it"),
     profiles: Path | None = PROFILES_OPT,
@@ -117,14 +119,14 @@ def plan_command(
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                        max_blocks=max_blocks, target=target, workers=workers)
+                        max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap)
     else:
         from rich.progress import Progress
 
         with Progress(console=err_console(), transient=True) as bar:
             task = bar.add_task("searching", total=1.0)
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                            max_blocks=max_blocks, target=target, workers=workers,
+                            max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
                             progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate
