@@ -28,12 +28,12 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
-from planner.search.parallel import prefetch_frontiers
+from planner.search.parallel import UNIT_BATCH, prefetch_frontiers, refine_units, solve_units
 from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
 from planner.search.units import (Candidate, Unit, UnitContext, cheap_bound, coverage_rank, mixed_length,
-                                  refine_unit, skip_units, solve_unit)
+                                  skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -218,22 +218,29 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         # every plan in it; units are solved in that order until none can beat the best plan found.
         keyed = sorted(((cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),
                        key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
-        for k, (cheap, _, u) in enumerate(keyed):
-            if cheap is None:
-                continue
+        k = 0
+        while k < len(keyed):
             incumbent = min((c.step_s for c in candidates), default=None)
-            if incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
-                skip_units(keyed[k:], overhead, ctx)
-                break
             if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
                 timed_out = True
                 skip_units(keyed[k:], overhead, ctx)
                 break
+            batch: list[Unit] = []
+            while k < len(keyed) and len(batch) < UNIT_BATCH:
+                cheap, _, u = keyed[k]
+                if cheap is not None and incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
+                    break  # this and every later unit cannot beat the best plan: only bounded
+                k += 1
+                if cheap is not None:
+                    batch.append(u)
+            if not batch:
+                skip_units(keyed[k:], overhead, ctx)
+                break
             if progress:
-                progress(k / len(keyed), f"micro_batch {u.b}, pipelines {u.lo}-{u.hi}")
-            timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
+                progress(k / len(keyed), f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
+            timed_out = solve_units(batch, ctx, solver, start, time_limit, workers) or timed_out
     if pending and candidates and refine_gap is not None:
-        _refine(ctx, refine_gap, None if time_limit is None else start + time_limit)
+        _refine(ctx, refine_gap, None if time_limit is None else start + time_limit, workers)
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -270,19 +277,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
 
 
-def _refine(ctx: UnitContext, target: float, deadline: float | None) -> None:
-    """Tighten the lowest unit bounds (tail-capped frontiers, `units.refine_unit`) until the gap is
-    within `target`, no unit is left to refine, or the deadline passes."""
+def _refine(ctx: UnitContext, target: float, deadline: float | None, workers: int) -> None:
+    """Tighten the lowest unit bounds (tail-capped frontiers, `units.refine_unit`), a batch at a
+    time, until the gap is within `target`, no unit is left to refine, or the deadline passes."""
     best = min(c.step_s for c in ctx.candidates)
     while ctx.solved:
         if deadline is not None and time.perf_counter() > deadline:
             return
-        su = min(ctx.solved, key=lambda x: x.bound_s)
-        floor = min(ctx.bounds, default=np.inf)
-        if su.refined or best <= (1 + target) * min(su.bound_s, floor):
-            return
-        refine_unit(su, ctx, best, deadline)
-        ctx.explored["units_refined"] += 1
+        lowest = min(su.bound_s for su in ctx.solved)
+        if best <= (1 + target) * min(lowest, min(ctx.bounds, default=np.inf)):
+            return  # within the target
+        if min(ctx.bounds, default=np.inf) < lowest:
+            return  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
+        batch = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s)
+                 if not su.refined and best > (1 + target) * su.bound_s][:UNIT_BATCH]
+        if not batch or batch[0].bound_s > lowest:
+            return  # the lowest bound is already refined as far as it goes
+        refine_units(batch, ctx, deadline, workers)
+        ctx.explored["units_refined"] += len(batch)
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,

@@ -1,35 +1,125 @@
-"""Split frontiers of several microbatch sizes computed in worker processes.
+"""Work of the search done in worker processes: split frontiers and units, with the same answer.
 
-The frontiers of one microbatch size do not depend on another's, and on large pools they are a
-large part of the search; with `workers > 1` they are computed in forked processes (each inherits
-the providers, returns its frontiers) and handed back before the units are solved. The results are
-the same as computing them in turn, so plans and bounds do not depend on `workers`. Platforms
-without fork, and daemon processes (pool workers), compute them in turn.
+* Frontiers: the split frontiers of one microbatch size do not depend on another's; with
+  `workers > 1` they are computed in forked processes (each inherits the providers and returns its
+  frontiers) before any unit is solved.
+* Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
+  plan known when its batch started; a batch's units run in forked processes (`workers > 1`) or in
+  turn, and their plans, bounds and counts are merged in batch order. The batch size is fixed, so
+  the plan, the bound and the counts never depend on `workers` (a test checks it).
+
+Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
+same work in turn.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
-_PROVIDERS: list = []  # read by forked workers (inherited memory, nothing pickled on the way in)
+from planner.search.units import SolvedUnit, Unit, UnitContext, refine_unit, solve_unit
+from solvers.assign import SolverStats
+
+UNIT_BATCH = 2  # units solved (or refined) between updates of the best plan; fixed for determinism
+
+_JOB: Callable[[int], object] | None = None  # read by forked workers (inherited, not pickled)
 
 
-def _frontiers_of(index: int) -> tuple:
-    return _PROVIDERS[index].frontier_state()
+def _run(index: int) -> object:
+    assert _JOB is not None
+    return _JOB(index)
+
+
+def _can_fork(workers: int, tasks: int) -> bool:
+    return (workers > 1 and tasks > 1 and "fork" in mp.get_all_start_methods()
+            and not mp.current_process().daemon)
+
+
+def _map(job: Callable[[int], object], tasks: int, workers: int) -> tuple[list, bool]:
+    """job(0..tasks-1), in forked processes when allowed (second value True) or in turn."""
+    global _JOB
+    if not _can_fork(workers, tasks):
+        return [job(i) for i in range(tasks)], False
+    _JOB = job
+    try:
+        with mp.get_context("fork").Pool(min(workers, tasks)) as pool:
+            return pool.map(_run, range(tasks), chunksize=1), True
+    finally:
+        _JOB = None
 
 
 def prefetch_frontiers(providers: list, workers: int) -> None:
     """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
     fewer than two providers that need them)."""
-    global _PROVIDERS
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
-    if workers <= 1 or len(todo) <= 1 or "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:
-        return  # (a daemon process, e.g. a pool worker, may not start processes of its own)
-    _PROVIDERS = todo
-    try:
-        with mp.get_context("fork").Pool(min(workers, len(todo))) as pool:
-            states = pool.map(_frontiers_of, range(len(todo)), chunksize=1)
-    finally:
-        _PROVIDERS = []
+    if not _can_fork(workers, len(todo)):
+        return
+    states, _ = _map(lambda i: todo[i].frontier_state(), len(todo), workers)
     for provider, state in zip(todo, states):
         provider.adopt_frontier_state(state)
+
+
+@dataclass
+class _Outcome:
+    """What solving one unit added to a context, to merge into the parent's."""
+
+    candidates: list = field(default_factory=list)
+    bounds: list[float] = field(default_factory=list)
+    solved: list[tuple[float, list]] = field(default_factory=list)
+    unsolved_sizes: set[int] = field(default_factory=set)
+    stats: SolverStats = field(default_factory=SolverStats)
+    assignments: int = 0
+    pruned: int = 0
+    timed_out: bool = False
+
+
+def _solve_one(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None,
+               incumbent_s: float | None) -> _Outcome:
+    local = replace(ctx, candidates=[], bounds=[], unsolved_sizes=set(), stats=SolverStats(),
+                    explored={"assignments": 0}, solved=[])
+    pruned = u.provider.stats.pruned
+    timed_out = solve_unit(u, local, solver, start, time_limit, incumbent_s)
+    return _Outcome(local.candidates, local.bounds, [(s.bound_s, s.lb_set) for s in local.solved],
+                    local.unsolved_sizes, local.stats, local.explored["assignments"],
+                    u.provider.stats.pruned - pruned, timed_out)
+
+
+def solve_units(units: list[Unit], ctx: UnitContext, solver: str, start: float, time_limit: float | None,
+                workers: int) -> bool:
+    """Solve a batch of units against the best plan known now; True if any timed out."""
+    incumbent = min((c.step_s for c in ctx.candidates), default=None)
+    if _can_fork(workers, len(units)):
+        for provider in dict.fromkeys(u.provider for u in units):
+            getattr(provider, "warm", lambda: None)()
+    outs, forked = _map(lambda i: _solve_one(units[i], ctx, solver, start, time_limit, incumbent),
+                        len(units), workers)
+    timed_out = False
+    for u, out in zip(units, outs):
+        ctx.candidates.extend(out.candidates)
+        ctx.bounds.extend(out.bounds)
+        ctx.solved.extend(SolvedUnit(b, u, lb_set) for b, lb_set in out.solved)
+        ctx.unsolved_sizes.update(out.unsolved_sizes)
+        ctx.stats.ilp_solves += out.stats.ilp_solves
+        ctx.stats.feasibility_checks += out.stats.feasibility_checks
+        ctx.explored["assignments"] += out.assignments
+        if forked:  # in turn, the provider counted it already
+            u.provider.stats.pruned += out.pruned
+        timed_out = timed_out or out.timed_out
+    return timed_out
+
+
+def _refine_one(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> tuple[float, int]:
+    local = replace(ctx, stats=SolverStats())
+    mine = SolvedUnit(su.bound_s, su.unit, su.lb_set)
+    refine_unit(mine, local, incumbent_s, deadline)
+    return mine.bound_s, local.stats.ilp_solves
+
+
+def refine_units(sus: list[SolvedUnit], ctx: UnitContext, deadline: float | None, workers: int) -> None:
+    """Tighten a batch of unit bounds (`units.refine_unit`) against the best plan."""
+    best = min(c.step_s for c in ctx.candidates)
+    outs, _ = _map(lambda i: _refine_one(sus[i], ctx, best, deadline), len(sus), workers)
+    for su, (bound, solves) in zip(sus, outs):
+        su.bound_s, su.refined, su.lb_set = bound, True, []
+        ctx.stats.ilp_solves += solves

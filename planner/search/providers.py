@@ -321,21 +321,34 @@ class BlocksProvider:
         return self._zero
 
     def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
-        n_cls = len(self.classes)
         tails = self._options(lo, lo, tails_only=True)
         e_plan = self._plan_tails(tails)
-        if self._plan_stages is None:  # the stages of a proto never change, only its tail
-            self._plan_stages = [
-                (_usage(p.skeleton, n_cls), tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
-                                                  for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges)))
-                for p in self.plan_protos]
         plan_set = [Template(usage, p.a_s, p.c_s, float(e), None, stages)
-                    for p, e, (usage, stages) in zip(self.plan_protos, e_plan, self._plan_stages)]
+                    for p, e, (usage, stages) in zip(self.plan_protos, e_plan, self._stages())]
         lb_tails = tails if self.training.zero == 0 else self._options(lo, hi, tails_only=True)
         lb_set = self._lb_templates(lb_tails)
         kept = prune_templates(plan_set)
         self.stats.pruned += len(plan_set) - len(kept)
         return kept, prune_templates(lb_set)
+
+    def _stages(self) -> list[tuple[tuple[int, ...], tuple[TemplateStage, ...]]]:
+        """Usage and stages of every plan proto (they never change, only the tail)."""
+        if self._plan_stages is None:
+            n_cls = len(self.classes)
+            self._plan_stages = [
+                (_usage(p.skeleton, n_cls), tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
+                                                  for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges)))
+                for p in self.plan_protos]
+        return self._plan_stages
+
+    def warm(self) -> None:
+        """Compute now what every unit of this microbatch size reuses, so that forked workers
+        inherit it instead of each recomputing it."""
+        self._stages()
+        self._stage_rows()
+        self._lb_index()
+        for bt in self.shapes:
+            self._tail_view(bt, self._full[self._r_lb][bt].tail)
 
     @staticmethod
     def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
@@ -400,15 +413,19 @@ class BlocksProvider:
                    tail_capped_chain_frontiers(views[g[0]], views[g[1]], self.runs[1].get(g, []), levels).items()}
         return levels, least, {k: [(sp.a_s, sp.c_s) for sp in v] for k, v in raw.items()}
 
-    def _plan_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
-        """Largest stage tail of every plan proto (one gather per block type)."""
+    def _stage_rows(self) -> dict[BlockType, np.ndarray]:
+        """Per block type, (proto, option, first, end) of every plan proto stage using it."""
         if self._stage_index is None:
             rows: dict[BlockType, list[tuple[int, int, int, int]]] = {}
             for k, p in enumerate(self.plan_protos):
                 for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges):
                     rows.setdefault(bt, []).append((k, o, first, last + 1))
             self._stage_index = {bt: np.array(r, dtype=np.int64) for bt, r in rows.items()}
+        return self._stage_index
+
+    def _plan_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
+        """Largest stage tail of every plan proto (one gather per block type)."""
         out = np.full(len(self.plan_protos), -np.inf)
-        for bt, idx in self._stage_index.items():
+        for bt, idx in self._stage_rows().items():
             np.maximum.at(out, idx[:, 0], tails[bt].tail[idx[:, 1], idx[:, 2], idx[:, 3]])
         return out

@@ -126,8 +126,11 @@ def cheap_bound(u: Unit, avail: tuple[int, ...], stats: SolverStats) -> float | 
     return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats)
 
 
-def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None) -> bool:
-    """Solve one unit, adding its plan (if any) and bound to the context; True if it timed out."""
+def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None,
+               incumbent_s: float | None = None) -> bool:
+    """Solve one unit, adding its plan (if any) and bound to the context; True if it timed out.
+    `incumbent_s` (default: the best candidate in the context) lets the LP skip tail levels that
+    cannot beat it."""
     provider = u.provider
     overhead = ctx.cost.knobs.step_overhead_s
     plan_set, lb_set = provider.templates(u.lo, u.hi)
@@ -136,7 +139,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
     if provider.coverage == "exact":
         sol, lb = _solve_exact(plan_set, lb_set, problem_args, solver, start, time_limit, unit)
     else:
-        incumbent = min((c.step_s for c in ctx.candidates), default=None)
+        incumbent = incumbent_s if incumbent_s is not None else min((c.step_s for c in ctx.candidates), default=None)
         sol, lb = _solve_lp(plan_set, lb_set, problem_args, None if incumbent is None
                             else incumbent - overhead, start, time_limit, unit)
     ctx.explored["assignments"] += 1
