@@ -357,7 +357,7 @@ class BlocksProvider:
         return kinds if len(kinds) <= 2 else None
 
     def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
-                        ratio: float = 1.25) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
+                        ratio: float = 1.5) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
         """Tighter bound templates for the skeletons of `groups` (uniform layers only), and the
         groups they cover (their `templates` bound templates are then superseded).
 
