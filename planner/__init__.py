@@ -2,7 +2,8 @@
 
 from planner.evaluate import evaluate
 from planner import emit  # a callable package: emit(plan, cluster, target) -> files and refusals
-from planner.search import SearchResult, search
+from planner import search  # a callable package: search(model, cluster, training, ...) -> SearchResult
+from planner.search import SearchResult
 from planner.plan import Plan, load_plan
 from planner.specs import ClusterSpec, ModelSpec, TrainingSpec, get_gpu, get_model, load_cluster, load_model
 from planner.validate import validate, violations

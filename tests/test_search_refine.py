@@ -86,3 +86,21 @@ def test_worker_processes_do_not_change_the_answer() -> None:
     assert two.lower_bound_s == one.lower_bound_s
     assert {k: v for k, v in two.stats.items() if k != "search_s"} == {k: v for k, v in one.stats.items()
                                                                       if k != "search_s"}
+
+
+def test_search_is_callable_and_stays_a_package() -> None:
+    """`from planner import search; search(...)` runs the search, and `import planner.search.units as m`
+    still finds the submodule (a function bound to `planner.search` used to hide it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import planner, planner.search.units as u, planner.search.api as a; from planner import search; "
+            "print(u.__name__, callable(search), search.SearchResult is a.SearchResult)")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.split() == ["planner.search.units", "True", "True"]
+    import planner
+
+    result = planner.search(MODEL, CLUSTER, TRAINING, cost=COST)
+    assert result.lower_bound_s <= result.prediction.step_s
