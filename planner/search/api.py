@@ -134,8 +134,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`) until
     the gap is at most `refine_gap` (None: never), no unit is left, or the time limit passes.
 
-    `workers` > 1 computes the split frontiers of the microbatch sizes in that many processes
-    (`parallel`); the result does not depend on it.
+    `workers` > 1 computes the split frontiers of the microbatch sizes, and the units of each batch
+    of `parallel.UNIT_BATCH`, in that many forked processes (`parallel`); the batches do not depend
+    on `workers`, so neither does the result.
 
     `target` restricts the search to plans one engine runs: "megatron", "torchtitan" and "deepspeed"
     search Megatron's grid (`megatron_grid`; their emitters refuse, with the reason, what they cannot
