@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.partition import Split
-from solvers.uniform_layers import INF, Kind, UniformView, _best, _conv, _shift_index, parametric_frontiers
+from solvers.uniform_layers import INF, Budget, Kind, UniformView, _best, _conv, _shift_index, parametric_frontiers
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +96,12 @@ def _recover(top: UniformView, bottom: UniformView, b: int, s: int, d0: int, o0:
     return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
 
 
-def chain_frontiers(top: UniformView, bottom: UniformView,
-                    rows: list[tuple[int, int]]) -> dict[tuple[int, int], list[Split]]:
+def chain_frontiers(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],
+                    budget: Budget | None = None) -> dict[tuple[int, int], list[Split]]:
     """Every non-dominated (A, C) split of `[X] * k1 + [Y] * k2` for each (k1, k2) in `rows`
     (k1, k2 >= 1); option indices refer to X's options for the first k1 stages, Y's after."""
     live = sorted(set(r for r in rows if r[0] >= 1 and r[1] >= 1 and sum(r) <= top.n))
-    return parametric_frontiers(lambda rs, caps: _chain_splits(top, bottom, rs, caps), live)
+    return parametric_frontiers(lambda rs, caps: _chain_splits(top, bottom, rs, caps), live, budget=budget)
 
 
 def tail_capped_chain_frontiers(top: UniformView, bottom: UniformView, rows: list[tuple[int, int]],

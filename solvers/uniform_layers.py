@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -216,15 +217,31 @@ def _recover(view: UniformView, b: int, s: int, d0: int, o0: int, trace: list, l
     return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
 
 
+@dataclass
+class Budget:
+    """A wall-clock deadline (`time.perf_counter`) for the parametric sweeps; `hit` records that a
+    sweep stopped early (its frontiers are then incomplete: fine for plans, not for bounds)."""
+
+    deadline: float | None = None
+    hit: bool = False
+
+    def over(self) -> bool:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.hit = True
+        return self.hit
+
+
 def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Split | None]],
-                         rows: list[Hashable], max_rounds: int = 10_000) -> dict[Hashable, list[Split]]:
+                         rows: list[Hashable], max_rounds: int = 10_000,
+                         budget: Budget | None = None) -> dict[Hashable, list[Split]]:
     """Every non-dominated (A, C) split of each row: solve all live rows under their bottleneck caps,
-    then lower each row's cap just below the bottleneck it reached, until none is feasible."""
+    then lower each row's cap just below the bottleneck it reached, until none is feasible. Past
+    `budget`'s deadline it stops after the first round (each row's least-A split)."""
     live = list(rows)
     found: dict[Hashable, list[Split]] = {r: [] for r in live}
     caps = {r: INF for r in live}
-    for _ in range(max_rounds):
-        if not live:
+    for k in range(max_rounds):
+        if not live or (k > 0 and budget is not None and budget.over()):
             break
         sols = solve(live, np.array([caps[r] for r in live]))
         nxt = []
@@ -238,11 +255,11 @@ def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Spli
     return {r: pareto_ac(v) for r, v in found.items() if v}
 
 
-def frontiers(view: UniformView, stage_counts: list[int]) -> dict[int, list[Split]]:
+def frontiers(view: UniformView, stage_counts: list[int], budget: Budget | None = None) -> dict[int, list[Split]]:
     """Every non-dominated (A, C) split of `[opts] * S` for each S in `stage_counts` (all stage
     counts advance together)."""
     counts = sorted(set(s for s in stage_counts if 1 <= s <= view.n))
-    return parametric_frontiers(lambda live, caps: _splits_for_caps(view, live, caps), counts)
+    return parametric_frontiers(lambda live, caps: _splits_for_caps(view, live, caps), counts, budget=budget)
 
 
 def tail_capped_frontiers(view: UniformView, stage_counts: list[int],

@@ -104,3 +104,17 @@ def test_search_is_callable_and_stays_a_package() -> None:
 
     result = planner.search(MODEL, CLUSTER, TRAINING, cost=COST)
     assert result.lower_bound_s <= result.prediction.step_s
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_deadline_inside_the_frontiers_still_gives_a_real_plan(workers: int) -> None:
+    """Past the deadline the split frontiers keep only each skeleton's least-A split: the search
+    still returns a valid plan, says it timed out, and falls back to the fluid bound."""
+    from planner.evaluate import evaluate
+    from planner.validate import violations
+
+    result = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, time_limit=1e-6, workers=workers)
+    assert result.timed_out
+    assert not violations(result.plan, BIG_CLUSTER, COST)
+    assert evaluate(result.plan, BIG_CLUSTER, COST).step_s == pytest.approx(result.prediction.step_s, rel=1e-9)
+    assert 0 < result.lower_bound_s <= result.prediction.step_s

@@ -135,3 +135,20 @@ def test_tail_capped_chain_points_match_general_dp(seed: int) -> None:
         for j, e in enumerate(levels):
             got = [(round(p.a_s, 9), round(p.c_s, 9)) for p in fast.get((k1, k2, j), [])]
             assert got == _capped_frontier([top_opts] * k1 + [bottom_opts] * k2, e)
+
+
+def test_an_expired_budget_keeps_each_rows_least_a_split() -> None:
+    from solvers.uniform_layers import Budget
+
+    rng = np.random.default_rng(7)
+    opts = _uniform_options(rng, 7, 3, 40.0)
+    view = uniform_view(opts)
+    counts = list(range(1, 8))
+    full = frontiers(view, counts)
+    budget = Budget(deadline=0.0)
+    cut = frontiers(view, counts, budget)
+    assert budget.hit
+    assert any(len(v) > 1 for v in full.values())  # the full frontiers have more than one point
+    for s, points in cut.items():
+        assert len(points) == 1
+        assert points[0].a_s == pytest.approx(min(p.a_s for p in full[s]), rel=1e-12)

@@ -30,7 +30,7 @@ from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
 from solvers.two_runs import chain_frontiers, chain_min_max_tails, tail_capped_chain_frontiers
-from solvers.uniform_layers import (INF, frontiers, least_a, min_max_tails, tail_capped_frontiers, uniform_view,
+from solvers.uniform_layers import (INF, Budget, frontiers, least_a, min_max_tails, tail_capped_frontiers, uniform_view,
                                     with_tail)
 
 
@@ -224,6 +224,7 @@ class BlocksProvider:
         self._full[r_mem] = full
         opts, _, keep = _pruned(full, self.shapes, use_tail=False)
         out = []
+        budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
         runs = self.runs[0]
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
         self._uniform.update({bt: uniform_view(full[bt]) is not None for bt in runs})
@@ -232,7 +233,7 @@ class BlocksProvider:
             view = views[bt]
             if view is None:
                 continue
-            for s, splits in sorted(frontiers(view, counts).items()):
+            for s, splits in sorted(frontiers(view, counts, budget).items()):
                 out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
                            for sp in splits)
         pairs = self.runs[1]
@@ -241,7 +242,7 @@ class BlocksProvider:
         for (x, y), rows in pairs.items():  # two runs over identical layers: all (k1, k2) at once
             if views[x] is None or views[y] is None:
                 continue
-            for (k1, k2), splits in sorted(chain_frontiers(views[x], views[y], rows).items()):
+            for (k1, k2), splits in sorted(chain_frontiers(views[x], views[y], rows, budget).items()):
                 sk = (x,) * k1 + (y,) * k2
                 out.extend(_Proto(sk, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for bt, o in zip(sk, sp.options)))
                            for sp in splits)
@@ -254,6 +255,7 @@ class BlocksProvider:
             for split in split_frontier([opts[bt] for bt in sk], with_tail=False):
                 idx = tuple(keep[bt][o] for bt, o in zip(sk, split.options))
                 out.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
+        self.truncated = self.truncated or budget.hit
         self.stats.templates += len(out)
         return out
 
