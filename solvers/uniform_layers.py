@@ -112,7 +112,8 @@ def with_tail(view: UniformView, tail: np.ndarray) -> UniformView:
     n = view.n
     mid_ok = np.isfinite(view.mid.fb[:, 1:])
     cols = _kind_columns(tail, mid_ok, n)
-    kinds = [Kind(k.fb, c, k.mem_fixed, k.act, k.fits) for k, c in zip((view.first, view.mid, view.last, view.whole), cols)]
+    old = (view.first, view.mid, view.last, view.whole)
+    kinds = [Kind(k.fb, c, k.mem_fixed, k.act, k.fits) for k, c in zip(old, cols)]
     return UniformView(n, *kinds, view.capacity)
 
 

@@ -89,7 +89,8 @@ def plan_command(
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
     refine_gap: float = typer.Option(0.015, "--refine-gap", min=0.0,
-                                     help="large pools: tighten the bound until the gap is at most this (0.015 = 1.5 %)"),
+                                     help="large pools: tighten the bound until the gap is at most this "
+                                          "(0.015 = 1.5 %)"),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
                                 help="processes for the split frontiers (large pools); the plan does not depend on it"),
     profiles: Path | None = PROFILES_OPT,

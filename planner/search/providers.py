@@ -338,8 +338,9 @@ class BlocksProvider:
         if self._plan_stages is None:
             n_cls = len(self.classes)
             self._plan_stages = [
-                (_usage(p.skeleton, n_cls), tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
-                                                  for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges)))
+                (_usage(p.skeleton, n_cls),
+                 tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
+                       for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges)))
                 for p in self.plan_protos]
         return self._plan_stages
 
