@@ -28,6 +28,14 @@ def _uniform_options(rng: np.random.Generator, n: int, num_opts: int, capacity: 
     return StageOptions(fb, tail, mem, act, capacity)
 
 
+def _two_run_instance(rng: np.random.Generator, max_n: int) -> tuple[int, StageOptions, StageOptions, list]:
+    """Two random stage groups over n < max_n slots, and every (k1, k2) with k1 + k2 <= n."""
+    n = int(rng.integers(4, max_n))
+    top = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    bottom = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    return n, top, bottom, [(k1, k2) for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_uniform_frontiers_match_general_dp(seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -64,12 +72,8 @@ def test_position_dependent_layers_are_refused() -> None:
 def test_two_run_frontiers_match_general_dp(seed: int) -> None:
     from solvers.two_runs import chain_frontiers, chain_min_max_tails
 
-    rng = np.random.default_rng(100 + seed)
-    n = int(rng.integers(4, 9))
-    top_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
-    bottom_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
+    n, top_opts, bottom_opts, rows = _two_run_instance(np.random.default_rng(100 + seed), 9)
     top, bottom = uniform_view(top_opts), uniform_view(bottom_opts)
-    rows = [(k1, k2) for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
     fast = chain_frontiers(top, bottom, rows)
     tails = chain_min_max_tails(top, bottom, rows)
     for k1, k2 in rows:
@@ -125,10 +129,7 @@ def test_tail_capped_chain_points_match_general_dp(seed: int) -> None:
     from solvers.two_runs import tail_capped_chain_frontiers
 
     rng = np.random.default_rng(300 + seed)
-    n = int(rng.integers(4, 8))
-    top_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
-    bottom_opts = _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(10, 40)))
-    rows = [(k1, k2) for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+    n, top_opts, bottom_opts, rows = _two_run_instance(rng, 8)
     levels = _levels(rng)
     fast = tail_capped_chain_frontiers(uniform_view(top_opts), uniform_view(bottom_opts), rows, levels)
     for k1, k2 in rows:
