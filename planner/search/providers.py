@@ -29,8 +29,9 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
-from solvers.two_runs import chain_frontiers, chain_min_max_tails, tail_capped_chain_frontiers
-from solvers.uniform_layers import (INF, Budget, frontiers, least_a, min_max_tails, tail_capped_frontiers, uniform_view,
+from solvers.batched_runs import batched_frontiers
+from solvers.two_runs import chain_min_max_tails, tail_capped_chain_frontiers
+from solvers.uniform_layers import (INF, Budget, least_a, min_max_tails, tail_capped_frontiers, uniform_view,
                                     with_tail)
 
 
@@ -229,23 +230,23 @@ class BlocksProvider:
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
         self._uniform.update({bt: uniform_view(full[bt]) is not None for bt in runs})
         views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in runs}
-        for bt, counts in runs.items():  # identical decoder layers: every stage count in one sweep
-            view = views[bt]
-            if view is None:
-                continue
-            for s, splits in sorted(frontiers(view, counts, budget).items()):
-                out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
-                           for sp in splits)
         pairs = self.runs[1]
         views.update({bt: (uniform_view(opts[bt], trusted=True) if self._uniform.setdefault(
             bt, uniform_view(full[bt]) is not None) else None) for xy in pairs for bt in xy if bt not in views})
-        for (x, y), rows in pairs.items():  # two runs over identical layers: all (k1, k2) at once
-            if views[x] is None or views[y] is None:
-                continue
-            for (k1, k2), splits in sorted(chain_frontiers(views[x], views[y], rows, budget).items()):
+        # identical decoder layers: every homogeneous and two-run skeleton in one batched sweep
+        rows = [(bt, s, bt, 0) for bt, counts in runs.items() if views[bt] is not None for s in counts]
+        rows += [(x, k1, y, k2) for (x, y), pair_rows in pairs.items()
+                 if views[x] is not None and views[y] is not None for k1, k2 in pair_rows]
+        found = batched_frontiers({bt: v for bt, v in views.items() if v is not None}, rows, budget)
+        for bt, counts in runs.items():
+            for s in sorted(set(counts)):
+                out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
+                           for sp in found.get((bt, s, bt, 0), []))
+        for (x, y), pair_rows in pairs.items():
+            for k1, k2 in sorted(set(pair_rows)):
                 sk = (x,) * k1 + (y,) * k2
                 out.extend(_Proto(sk, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for bt, o in zip(sk, sp.options)))
-                           for sp in splits)
+                           for sp in found.get((x, k1, y, k2), []))
         for sk in self.skeletons:
             if all(views.get(bt) is not None for bt in set(sk)) and len(set(sk)) <= 2:
                 continue

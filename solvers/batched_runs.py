@@ -1,0 +1,159 @@
+"""Split frontiers of every uniform-layer skeleton of a pool in one batched dynamic program.
+
+`solvers.uniform_layers` (one block type, every stage count) and `solvers.two_runs` (one pair of
+block types, every (k1, k2)) each run their own sweep; a large pool has hundreds of pairs whose DPs
+are small, so per-call overhead dominated the frontier time. Here every row -- S stages of type x,
+or k1 stages of x followed by k2 stages of y -- is one row of a single DP over (stages left r,
+decoders left k), and the parametric sweep lowers every row's cap at once.
+
+Without tail caps, a stage's best option for d decoders at flight f is the cheapest one whose memory
+fits: a cap on F+B either keeps that option or rules out every one. So each (kind, type, flight)
+reduces to one vector over d, computed once, and a round costs one gather and one (min, +)
+convolution per stage position for all rows together. The results (splits, options, ties) equal
+`uniform_layers.frontiers` and `two_runs.chain_frontiers`; `tests/test_batched_runs.py` checks it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.partition import Split
+from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _shift_index, parametric_frontiers
+
+Row = tuple[Hashable, int, Hashable, int]  # (x, k1, y, k2): k1 stages of type x, then k2 of type y
+
+
+@dataclass(frozen=True)
+class _Least:
+    """Least F+B over options, and the option, by (flight, type, decoders) for one stage kind."""
+
+    fb: np.ndarray  # (F + 1, T, D)
+    option: np.ndarray  # (F + 1, T, D)
+
+
+def _least(kinds: list[Kind], capacities: list[float], flights: int) -> _Least:
+    f = np.arange(1, flights + 1, dtype=float)[:, None, None]
+    fb, option = [], []
+    for kind, cap in zip(kinds, capacities):
+        fits = np.where(kind.mem_fixed[None] + f * kind.act[None] <= cap, kind.fb[None], INF)  # (F, O, D)
+        fits = np.concatenate([np.full_like(fits[:1], INF), fits])  # flight 0: unused
+        arg = np.argmin(fits, axis=1)
+        fb.append(np.take_along_axis(fits, arg[:, None, :], axis=1)[:, 0, :])
+        option.append(arg)
+    return _Least(np.stack(fb, axis=1), np.stack(option, axis=1))
+
+
+class _Batch:
+    """The per-type least-cost tables and a solver of every row under per-row F+B caps."""
+
+    def __init__(self, views: list[UniformView], flights: int) -> None:
+        self.views = views
+        caps = [v.capacity for v in views]
+        self.first = _least([v.first for v in views], caps, flights)
+        self.mid = _least([v.mid for v in views], caps, flights)
+        self.last = _least([v.last for v in views], caps, 1)
+        self.whole = _least([v.whole for v in views], caps, 1)
+        self.big_n = views[0].decoders
+        self.n = views[0].n
+
+    def solve(self, rows: list[tuple[int, int, int, int]], caps: np.ndarray) -> list[Split | None]:
+        """Least-A split of each row (x, k1, y, k2) under its cap (None where none fits)."""
+        big_n = self.big_n
+        out: list[Split | None] = [None] * len(rows)
+        arr = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+        total = arr[:, 1] + arr[:, 3]
+        for b in np.flatnonzero(total == 1):
+            x = int(arr[b, 0])
+            fb = self.whole.fb[1, x, big_n]
+            if math.isfinite(fb) and fb <= caps[b]:
+                out[b] = self._single(x, int(self.whole.option[1, x, big_n]))
+        order = np.flatnonzero(total >= 2)
+        if not len(order):
+            return out
+        order = order[np.argsort(-total[order], kind="stable")]  # rows still in the DP: a prefix
+        x, y, k2, tot = arr[order, 0], arr[order, 2], arr[order, 3], total[order]
+        cap = caps[order][:, None]
+        index = _shift_index(big_n)
+        value = self.last.fb[1, y]
+        value = np.where(value <= cap, value, INF)  # (B, D): r stages covering the last k decoders
+        rest = big_n - np.arange(big_n + 1)
+        trace: list[np.ndarray] = []
+        for r in range(1, int(tot[0])):
+            active = int(np.count_nonzero(tot > r))
+            if r >= 2:
+                on_top = (r > k2[:active])[:, None]
+                stage = np.where(on_top, self.mid.fb[r, x[:active]], self.mid.fb[r, y[:active]])
+                stage = np.where(stage <= cap[:active], stage, INF)
+                value, arg_d = _conv(stage, value[:active], index)
+                trace.append(arg_d)
+            done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
+            if not len(done):
+                continue
+            first = self.first.fb[r + 1, x[done]]
+            first = np.where(first <= cap[done], first, INF)
+            sums = first + value[done][:, rest]
+            d0 = np.argmin(sums, axis=1)
+            ok = np.isfinite(sums[np.arange(len(done)), d0])
+            for b, d in zip(done[ok].tolist(), d0[ok].tolist()):
+                out[int(order[b])] = self._recover(b, r + 1, d, int(x[b]), int(y[b]), int(k2[b]), trace)
+        return out
+
+    def _single(self, x: int, o: int) -> Split:
+        kind = self.views[x].whole
+        return Split(((0, self.n - 1),), (o,), (float(kind.fb[o, self.big_n]),),
+                     (float(kind.tail[o, self.big_n]),))
+
+    def _recover(self, b: int, s: int, d0: int, x: int, y: int, k2: int, trace: list[np.ndarray]) -> Split:
+        big_n, n = self.big_n, self.n
+        o = int(self.first.option[s, x, d0])
+        kind = self.views[x].first
+        ranges, options, fbs, tails = [(0, d0)], [o], [float(kind.fb[o, d0])], [float(kind.tail[o, d0])]
+        k, start = big_n - d0, 1 + d0
+        for r in range(s - 1, 1, -1):
+            d = int(trace[r - 2][b, k])
+            t = x if r > k2 else y
+            o = int(self.mid.option[r, t, d])
+            kind = self.views[t].mid
+            ranges.append((start, start + d - 1))
+            options.append(o)
+            fbs.append(float(kind.fb[o, d]))
+            tails.append(float(kind.tail[o, d]))
+            start += d
+            k -= d
+        o = int(self.last.option[1, y, k])
+        kind = self.views[y].last
+        ranges.append((start, n - 1))
+        options.append(o)
+        fbs.append(float(kind.fb[o, k]))
+        tails.append(float(kind.tail[o, k]))
+        return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
+
+
+def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
+                      budget: Budget | None = None) -> dict[Row, list[Split]]:
+    """Every non-dominated (A, C) split of each row (x, k1, y, k2): k1 stages of `views[x]` then
+    k2 of `views[y]` (k2 = 0: a homogeneous pipeline of k1 stages). Option indices refer to each
+    stage's own view. Rows with no stage, or more stages than layer slots, are left out."""
+    keys = list(views)
+    if not keys:
+        return {}
+    at = {key: i for i, key in enumerate(keys)}
+    n = views[keys[0]].n
+    live = sorted({r for r in rows if r[1] >= 1 and r[3] >= 0 and r[1] + r[3] <= n},
+                  key=lambda r: (at[r[0]], r[1], at[r[2]], r[3]))
+    if not live:
+        return {}
+
+    def internal(row: Row) -> tuple[int, int, int, int]:
+        x, k1, y, k2 = row
+        if k2 == 0:  # homogeneous: the same DP with its bottom stage as a one-stage run of x
+            return (at[x], k1 - 1, at[x], 1) if k1 >= 2 else (at[x], 1, at[x], 0)
+        return at[x], k1, at[y], k2
+
+    coded = {r: internal(r) for r in live}
+    batch = _Batch([views[k] for k in keys], max(r[1] + r[3] for r in live))
+    return parametric_frontiers(lambda rs, caps: batch.solve([coded[r] for r in rs], caps), live, budget=budget)

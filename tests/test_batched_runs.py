@@ -1,0 +1,66 @@
+"""One batched DP over every skeleton row against the per-group sweeps and the general DP."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from solvers.batched_runs import batched_frontiers
+from solvers.partition import split_frontier
+from solvers.two_runs import chain_frontiers
+from solvers.uniform_layers import frontiers, uniform_view
+from tests.test_uniform_layers import _uniform_options
+
+
+def _instance(seed: int) -> tuple[int, dict, dict, list]:
+    """Three random stage groups over n slots (some options overflow memory at deep flights),
+    every homogeneous stage count and every two-run (k1, k2) of every ordered pair."""
+    rng = np.random.default_rng(500 + seed)
+    n = int(rng.integers(4, 9))
+    opts = {name: _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(8, 40))) for name in "xyz"}
+    views = {name: uniform_view(o) for name, o in opts.items()}
+    rows = [(x, s, x, 0) for x in views for s in range(1, n + 1)]
+    rows += [(x, k1, y, k2) for x in views for y in views if x != y
+             for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+    return n, opts, views, rows
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_batched_equals_per_group_sweeps(seed: int) -> None:
+    """Same splits (ranges, options, costs) as the homogeneous and two-run sweeps, row by row."""
+    n, _, views, rows = _instance(seed)
+    got = batched_frontiers(views, rows)
+    want: dict = {}
+    for x, view in views.items():
+        want.update({(x, s, x, 0): v for s, v in frontiers(view, list(range(1, n + 1))).items()})
+    for x in views:
+        for y in views:
+            if x != y:
+                pairs = [(k1, k2) for (a, k1, b, k2) in rows if (a, b) == (x, y)]
+                want.update({(x, k1, y, k2): v for (k1, k2), v in chain_frontiers(views[x], views[y], pairs).items()})
+    assert got.keys() == want.keys()
+    for row, splits in want.items():
+        assert got[row] == splits, row
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_matches_general_dp(seed: int) -> None:
+    """Every row's (A, C) frontier is the general partition DP's, and each split has its costs."""
+    _, opts, views, rows = _instance(seed)
+    got = batched_frontiers(views, rows)
+    for x, k1, y, k2 in rows:
+        positions = [opts[x]] * k1 + [opts[y]] * k2
+        ref = split_frontier(positions, with_tail=False)
+        mine = got.get((x, k1, y, k2), [])
+        assert [(round(p.a_s, 9), round(p.c_s, 9)) for p in mine] == [(round(p.a_s, 9), round(p.c_s, 9)) for p in ref]
+        for p in mine:
+            for s, ((i, j), o, f) in enumerate(zip(p.ranges, p.options, p.fb)):
+                assert math.isclose(positions[s].fb[o, i, j + 1], f, rel_tol=1e-9)
+
+
+def test_rows_out_of_range_are_left_out() -> None:
+    n, _, views, _ = _instance(0)
+    assert batched_frontiers(views, [("x", 0, "x", 0), ("x", n + 1, "x", 0), ("x", n, "y", 1)]) == {}
+    assert batched_frontiers({}, [("x", 1, "x", 0)]) == {}
