@@ -57,7 +57,8 @@ class _CapacityLP:
     def nonzero_usage(self) -> list[list[tuple[int, int]]]:
         """Per template, its (class, GPUs) pairs with GPUs > 0 (computed once)."""
         if getattr(self, "_nonzero", None) is None:
-            self._nonzero = [[(int(k), int(u)) for k, u in enumerate(row) if u] for row in self.usage[self.of]]
+            per_group = [[(int(k), int(u)) for k, u in enumerate(row) if u] for row in self.usage.tolist()]
+            self._nonzero = [per_group[g] for g in self.of.tolist()]
         return self._nonzero
 
     def best_per_group(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

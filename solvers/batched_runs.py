@@ -157,3 +157,59 @@ def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
     coded = {r: internal(r) for r in live}
     batch = _Batch([views[k] for k in keys], max(r[1] + r[3] for r in live))
     return parametric_frontiers(lambda rs, caps: batch.solve([coded[r] for r in rs], caps), live, budget=budget)
+
+
+def _least_tail(kinds: list[Kind], capacities: list[float], flights: int) -> np.ndarray:
+    """Least stage tail over options whose memory fits, by (flight, type, decoders)."""
+    f = np.arange(1, flights + 1, dtype=float)[:, None, None]
+    out = []
+    for kind, cap in zip(kinds, capacities):
+        ok = (kind.mem_fixed[None] + f * kind.act[None] <= cap) & np.isfinite(kind.fb)[None]
+        least = np.where(ok, kind.tail[None], INF).min(axis=1)  # (F, D)
+        out.append(np.concatenate([np.full_like(least[:1], INF), least]))
+    return np.stack(out, axis=1)
+
+
+def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:
+    """Least possible largest stage tail over every memory-feasible split of each row (x, k1, y, k2)
+    (as in `batched_frontiers`); equals `uniform_layers.min_max_tails` and
+    `two_runs.chain_min_max_tails` row by row, in one (min, max) DP for all rows."""
+    keys = list(views)
+    at = {key: i for i, key in enumerate(keys)}
+    live = [r for r in dict.fromkeys(rows) if r[1] >= 1 and r[3] >= 0 and keys and r[1] + r[3] <= views[keys[0]].n]
+    out: dict[Row, float | None] = {r: None for r in live}
+    if not live:
+        return out
+    vs = [views[k] for k in keys]
+    caps = [v.capacity for v in vs]
+    big_n = vs[0].decoders
+    coded = np.array([(at[x], k1 - 1, at[x], 1) if k2 == 0 and k1 >= 2 else (at[x], k1, at[y], k2)
+                      for x, k1, y, k2 in live], dtype=np.int64).reshape(len(live), 4)
+    total = coded[:, 1] + coded[:, 3]
+    whole = _least_tail([v.whole for v in vs], caps, 1)
+    for b in np.flatnonzero(total == 1):
+        t = float(whole[1, coded[b, 0], big_n])
+        out[live[b]] = t if math.isfinite(t) else None
+    order = np.flatnonzero(total >= 2)
+    if not len(order):
+        return out
+    order = order[np.argsort(-total[order], kind="stable")]
+    x, y, k2, tot = coded[order, 0], coded[order, 2], coded[order, 3], total[order]
+    flights = int(tot[0])
+    first = _least_tail([v.first for v in vs], caps, flights)
+    mid = _least_tail([v.mid for v in vs], caps, flights)
+    value = _least_tail([v.last for v in vs], caps, 1)[1, y]  # (B, D)
+    index = _shift_index(big_n)
+    rest = big_n - np.arange(big_n + 1)
+    for r in range(1, flights):
+        active = int(np.count_nonzero(tot > r))
+        if r >= 2:
+            stage = np.where((r > k2[:active])[:, None], mid[r, x[:active]], mid[r, y[:active]])
+            padded = np.concatenate([value[:active], np.full((active, 1), INF)], axis=1)[:, index]
+            value = np.min(np.maximum(stage[:, None, :], padded), axis=2)
+        done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
+        if len(done):
+            best = np.min(np.maximum(first[r + 1, x[done]], value[done][:, rest]), axis=1)
+            for b, t in zip(done.tolist(), best.tolist()):
+                out[live[int(order[b])]] = t if math.isfinite(t) else None
+    return out

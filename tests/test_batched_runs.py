@@ -64,3 +64,23 @@ def test_rows_out_of_range_are_left_out() -> None:
     n, _, views, _ = _instance(0)
     assert batched_frontiers(views, [("x", 0, "x", 0), ("x", n + 1, "x", 0), ("x", n, "y", 1)]) == {}
     assert batched_frontiers({}, [("x", 1, "x", 0)]) == {}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_min_max_tails_equal_per_group(seed: int) -> None:
+    from solvers.batched_runs import batched_min_max_tails
+    from solvers.two_runs import chain_min_max_tails
+    from solvers.uniform_layers import min_max_tails
+
+    n, _, views, rows = _instance(seed)
+    got = batched_min_max_tails(views, rows)
+    want: dict = {}
+    for x, view in views.items():
+        want.update({(x, s, x, 0): t for s, t in min_max_tails(view, list(range(1, n + 1))).items()})
+    for x in views:
+        for y in views:
+            if x != y:
+                pairs = [(k1, k2) for (a, k1, b, k2) in rows if (a, b) == (x, y)]
+                want.update({(x, k1, y, k2): t for (k1, k2), t in chain_min_max_tails(views[x], views[y], pairs).items()})
+    assert got.keys() == want.keys()
+    assert all(got[r] == want[r] for r in want), [r for r in want if got[r] != want[r]][:3]

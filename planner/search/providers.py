@@ -24,14 +24,14 @@ from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options
 from planner.search.space import BlockType, ResourceClass, StageShape
 from planner.search.templates import (Template, TemplateStage, block_skeletons, exact_skeletons,
-                                      prune_templates, skeleton_templates)
+                                      pareto_indices, prune_templates, skeleton_templates)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
-from solvers.batched_runs import batched_frontiers
-from solvers.two_runs import chain_min_max_tails, tail_capped_chain_frontiers
-from solvers.uniform_layers import (INF, Budget, least_a, min_max_tails, tail_capped_frontiers, uniform_view,
+from solvers.batched_runs import batched_frontiers, batched_min_max_tails
+from solvers.two_runs import tail_capped_chain_frontiers
+from solvers.uniform_layers import (INF, Budget, least_a, tail_capped_frontiers, uniform_view,
                                     with_tail)
 
 
@@ -147,11 +147,13 @@ class BlocksProvider:
         self._zero: list[Template] | None = None
         self._relaxed: list[Template] | None = None
         self._stage_index: dict[BlockType, np.ndarray] | None = None
-        self._plan_stages: list[tuple[tuple[int, ...], tuple[TemplateStage, ...]]] | None = None
+        self._plan_use: list[tuple[int, ...]] | None = None  # see _plan_usage
+        self._plan_stages: dict[int, tuple[TemplateStage, ...]] = {}  # see _template_stages
         self._class_levels: dict[tuple[int, int], tuple[dict, dict]] = {}  # the class last refined
         self._runs: tuple[dict, dict] | None = None
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
+        self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
 
     @property
     def runs(self) -> tuple[dict[BlockType, list[int]], dict[tuple[BlockType, BlockType], list[tuple[int, int]]]]:
@@ -179,16 +181,19 @@ class BlocksProvider:
         return any(len(set(sk)) > 1 for sk in self.skeletons)
 
     def frontier_state(self) -> tuple:
-        """The split frontiers (computed here if not yet) and what they were computed from, to
-        hand from a worker process to the parent (`adopt_frontier_state`)."""
+        """The split frontiers (computed here if not yet), to hand from a worker process to the
+        parent (`adopt_frontier_state`); the stage options they came from are rebuilt there."""
         lb = self.lb_protos
-        return (self.plan_protos, lb if lb is not self.plan_protos else None, self._full, self._uniform,
+        return (self.plan_protos, lb if lb is not self.plan_protos else None, self._uniform,
                 self.truncated, self.stats.templates)
 
     def adopt_frontier_state(self, state: tuple) -> None:
-        plan, lb, self._full, self._uniform, self.truncated, self.stats.templates = state
+        plan, lb, self._uniform, self.truncated, self.stats.templates = state
         self._plan_protos = plan
         self._lb_protos = plan if lb is None else lb
+        self._ac = {}
+        self._plan_use = None
+        self._plan_stages = {}
 
     def relaxed_templates(self) -> list[Template]:
         """Cheap optimistic templates, before any frontier: per homogeneous skeleton of uniform
@@ -200,8 +205,7 @@ class BlocksProvider:
         if any(len(set(sk)) > 1 for sk in self.skeletons):
             self._relaxed = self.zero_tail_templates()
             return self._relaxed
-        full = self._options(1, self._r_lb)
-        self._full.setdefault(self._r_lb, full)
+        full = self._full_options(self._r_lb)
         n_cls = len(self.classes)
         out = []
         for bt, counts in self.runs[0].items():
@@ -220,9 +224,15 @@ class BlocksProvider:
         return {bt: build_options(self.cost, self.classes[bt.cls], shp, ctx, tails_only)
                 for bt, shp in self.shapes.items()}
 
+    def _full_options(self, r_mem: int) -> dict[BlockType, StageOptions]:
+        """Every stage option of every block type (sync for one replica, memory for `r_mem`),
+        built once; not handed between processes (cheaper to rebuild than to pickle)."""
+        if r_mem not in self._full:
+            self._full[r_mem] = self._options(1, r_mem)
+        return self._full[r_mem]
+
     def _protos(self, r_mem: int) -> list[_Proto]:
-        full = self._full.get(r_mem) or self._options(1, r_mem)
-        self._full[r_mem] = full
+        full = self._full_options(r_mem)
         opts, _, keep = _pruned(full, self.shapes, use_tail=False)
         out = []
         budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
@@ -263,25 +273,22 @@ class BlocksProvider:
     def _least_tails(self, opts: dict[BlockType, StageOptions],
                      groups: set[tuple[BlockType, ...]] | None = None) -> dict[tuple[BlockType, ...], float | None]:
         """Least possible largest stage tail of every uniform skeleton (of `groups`, default all):
-        one sweep per block type or pair; other skeletons are filled in on demand by `_lb_tails`."""
-        least: dict[tuple[BlockType, ...], float | None] = {}
+        one batched sweep (`batched_min_max_tails`); other skeletons are filled in on demand by `_lb_tails`."""
         wanted = None if groups is None else {bt for g in groups for bt in g}
         views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items() if wanted is None or bt in wanted}
-        for bt, counts in self.runs[0].items():
-            if views.get(bt) is not None and (groups is None or (bt,) in groups):
-                least.update({(bt,) * s: t for s, t in min_max_tails(views[bt], counts).items()})
-        for (x, y), rows in self.runs[1].items():
-            if views.get(x) is not None and views.get(y) is not None and (groups is None or (x, y) in groups):
-                least.update({(x,) * k1 + (y,) * k2: t
-                              for (k1, k2), t in chain_min_max_tails(views[x], views[y], rows).items()})
-        return least
+        views = {bt: v for bt, v in views.items() if v is not None}
+        rows = [(bt, s, bt, 0) for bt, counts in self.runs[0].items()
+                if bt in views and (groups is None or (bt,) in groups) for s in counts]
+        rows += [(x, k1, y, k2) for (x, y), pair_rows in self.runs[1].items()
+                 if x in views and y in views and (groups is None or (x, y) in groups) for k1, k2 in pair_rows]
+        return {(x,) * k1 + (y,) * k2: t for (x, k1, y, k2), t in batched_min_max_tails(views, rows).items()}
 
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
         if not self._uniform.get(bt):
             return None
         if bt not in self._base_views:
-            self._base_views[bt] = uniform_view(self._full[self._r_lb][bt], trusted=True)
+            self._base_views[bt] = uniform_view(self._full_options(self._r_lb)[bt], trusted=True)
         return with_tail(self._base_views[bt], tail)
 
     def _lb_index(self) -> tuple[list[tuple[BlockType, ...]], np.ndarray, list[tuple[int, ...]]]:
@@ -300,7 +307,7 @@ class BlocksProvider:
         memory-feasible split (fast for homogeneous ones). Memory feasibility comes from the bound
         protos' options (optimizer states sharded over the most replicas: the most permissive),
         tails from `tails`, so it bounds the tail of every split the proto stands for."""
-        full = self._full[self._r_lb]
+        full = self._full_options(self._r_lb)
         opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
                 for bt in tails}
         least = self._least_tails(opts)
@@ -309,10 +316,21 @@ class BlocksProvider:
         return [per_skeleton[k] for k in of.tolist()]
 
     def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
-        """The bound protos with their skeleton's least tail (None-tailed ones dropped)."""
+        """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned."""
         _, _, usage = self._lb_index()
-        return [Template(u, p.a_s, p.c_s, e, None, (), p.skeleton)
-                for p, e, u in zip(self.lb_protos, self._lb_tails(tails), usage) if e is not None]
+        a, c = self._columns("lb")
+        rows = [(k, e) for k, e in enumerate(self._lb_tails(tails)) if e is not None]
+        keep = pareto_indices([usage[k] for k, _ in rows], [a[k] for k, _ in rows], [c[k] for k, _ in rows],
+                              [e for _, e in rows])
+        protos = self.lb_protos
+        return [Template(usage[k], a[k], c[k], e, None, (), protos[k].skeleton) for k, e in (rows[i] for i in keep)]
+
+    def _columns(self, which: str) -> tuple[list[float], list[float]]:
+        """A and C of every "plan" or "lb" proto as plain lists (computed once per frontier)."""
+        if which not in self._ac:
+            protos = self.plan_protos if which == "plan" else self.lb_protos
+            self._ac[which] = ([p.a_s for p in protos], [p.c_s for p in protos])
+        return self._ac[which]
 
     def zero_tail_templates(self) -> list[Template]:
         """The bound templates with every tail set to 0: their assignment optimum bounds every plan
@@ -323,36 +341,48 @@ class BlocksProvider:
                                           for p, u in zip(self.lb_protos, usage)])
         return self._zero
 
-    def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
+    def templates(self, lo: int, hi: int, plan_only: bool = False) -> tuple[list[Template], list[Template]]:
+        """Plan templates (tails for `lo` replicas) and bound templates for the class [lo, hi],
+        both pruned; `plan_only` leaves the bound set empty."""
         tails = self._options(lo, lo, tails_only=True)
-        e_plan = self._plan_tails(tails)
-        plan_set = [Template(usage, p.a_s, p.c_s, float(e), None, stages)
-                    for p, e, (usage, stages) in zip(self.plan_protos, e_plan, self._stages())]
+        e_plan = self._plan_tails(tails).tolist()
+        usage = self._plan_usage()
+        a, c = self._columns("plan")
+        keep = pareto_indices(usage, a, c, e_plan)
+        kept = [Template(usage[i], a[i], c[i], e_plan[i], None, self._template_stages(i)) for i in keep]
+        self.stats.pruned += len(usage) - len(kept)
+        if plan_only:
+            return kept, []
         lb_tails = tails if self.training.zero == 0 else self._options(lo, hi, tails_only=True)
-        lb_set = self._lb_templates(lb_tails)
-        kept = prune_templates(plan_set)
-        self.stats.pruned += len(plan_set) - len(kept)
-        return kept, prune_templates(lb_set)
+        return kept, self._lb_templates(lb_tails)
 
-    def _stages(self) -> list[tuple[tuple[int, ...], tuple[TemplateStage, ...]]]:
-        """Usage and stages of every plan proto (they never change, only the tail)."""
-        if self._plan_stages is None:
+    def _plan_usage(self) -> list[tuple[int, ...]]:
+        """GPU usage of every plan proto (computed once, per distinct skeleton)."""
+        if self._plan_use is None:
+            index: dict[tuple[BlockType, ...], tuple[int, ...]] = {}
             n_cls = len(self.classes)
-            self._plan_stages = [
-                (_usage(p.skeleton, n_cls),
-                 tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
-                       for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges)))
-                for p in self.plan_protos]
-        return self._plan_stages
+            self._plan_use = [index[p.skeleton] if p.skeleton in index
+                              else index.setdefault(p.skeleton, _usage(p.skeleton, n_cls)) for p in self.plan_protos]
+        return self._plan_use
+
+    def _template_stages(self, i: int) -> tuple[TemplateStage, ...]:
+        """Stages of plan proto i (built when a template of it first survives pruning)."""
+        if i not in self._plan_stages:
+            p = self.plan_protos[i]
+            self._plan_stages[i] = tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
+                                         for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges))
+        return self._plan_stages[i]
 
     def warm(self) -> None:
         """Compute now what every unit of this microbatch size reuses, so that forked workers
         inherit it instead of each recomputing it."""
-        self._stages()
+        self._plan_usage()
         self._stage_rows()
         self._lb_index()
+        self._columns("plan")
+        self._columns("lb")
         for bt in self.shapes:
-            self._tail_view(bt, self._full[self._r_lb][bt].tail)
+            self._tail_view(bt, self._full_options(self._r_lb)[bt].tail)
 
     @staticmethod
     def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
@@ -373,7 +403,7 @@ class BlocksProvider:
         key = (lo, hi)
         if key not in self._class_levels:  # kept across the rounds of one unit's refinement
             tails = self._options(lo, hi if self.training.zero else lo, tails_only=True)
-            full = self._full[self._r_lb]
+            full = self._full_options(self._r_lb)
             self._class_levels = {key: ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
                                                           full[bt].act, full[bt].capacity) for bt in tails}, {})}
         with_tails, cache = self._class_levels[key]

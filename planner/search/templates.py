@@ -9,6 +9,7 @@ sequences of at most `max_blocks` runs of identical groups ("blocks" coverage).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass
 
@@ -158,6 +159,10 @@ def skeleton_templates(skeleton: tuple[BlockType, ...], options: dict[BlockType,
 def prune_templates(templates: list[Template]) -> list[Template]:
     """Drop templates dominated by another of the same GPU usage: A, C and E no larger and memory
     allowing at least as many microbatches. Never changes the optimum. Order is deterministic."""
+    if all(t.max_microbatches is None for t in templates):
+        keep = pareto_indices([t.usage for t in templates], [t.a_s for t in templates],
+                              [t.c_s for t in templates], [t.e_s for t in templates])
+        return [templates[i] for i in keep]
     groups: dict[tuple[int, ...], list[Template]] = {}
     for t in templates:
         groups.setdefault(t.usage, []).append(t)
@@ -165,7 +170,7 @@ def prune_templates(templates: list[Template]) -> list[Template]:
     for usage in sorted(groups):
         group = sorted(groups[usage], key=lambda t: (t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9)))
         if all(t.max_microbatches is None for t in group):
-            out.extend(_pareto_ae(group))
+            out.extend(prune_templates(group))
             continue
         keep: list[Template] = []
         for t in group:
@@ -176,27 +181,33 @@ def prune_templates(templates: list[Template]) -> list[Template]:
     return out
 
 
-def _pareto_ae(group: list[Template]) -> list[Template]:
-    """Templates (sorted by C) not dominated in (A, E) by an earlier one: a staircase of kept
-    (A, least E so far) searched by bisection."""
-    import bisect
-
-    a_keys: list[float] = []  # kept A values, ascending
-    e_min: list[float] = []  # least E among kept templates with A <= a_keys[i]
-    keep: list[Template] = []
-    for t in group:
-        i = bisect.bisect_right(a_keys, t.a_s)
-        if i and e_min[i - 1] <= t.e_s:
-            continue
-        keep.append(t)
-        j = bisect.bisect_left(a_keys, t.a_s)
-        if j < len(a_keys) and a_keys[j] == t.a_s:
-            e_min[j] = min(e_min[j], t.e_s)
-        else:
-            a_keys.insert(j, t.a_s)
-            e_min.insert(j, t.e_s if j == 0 else min(t.e_s, e_min[j - 1]))
-        for k in range(j + 1, len(a_keys)):  # later entries: least E now includes this one
-            if e_min[k] <= t.e_s:
-                break
-            e_min[k] = t.e_s
-    return keep
+def pareto_indices(usage: list[tuple[int, ...]], a: list[float], c: list[float], e: list[float]) -> list[int]:
+    """Indices of the templates `prune_templates` keeps when no memory cap differs (given as plain
+    columns, so callers build Template objects only for the kept ones): per usage group, in order
+    of (C, A, E), those not dominated in (A, E) by an earlier one, via a staircase of kept
+    (A, least E so far) searched by bisection. Groups come in sorted usage order."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, u in enumerate(usage):
+        groups.setdefault(u, []).append(i)
+    out: list[int] = []
+    for u in sorted(groups):
+        members = sorted(groups[u], key=lambda i: (c[i], a[i], e[i]))
+        a_keys: list[float] = []  # kept A values, ascending
+        e_min: list[float] = []  # least E among kept templates with A <= a_keys[k]
+        for i in members:
+            ai, ei = a[i], e[i]
+            k = bisect.bisect_right(a_keys, ai)
+            if k and e_min[k - 1] <= ei:
+                continue
+            out.append(i)
+            j = bisect.bisect_left(a_keys, ai)
+            if j < len(a_keys) and a_keys[j] == ai:
+                e_min[j] = min(e_min[j], ei)
+            else:
+                a_keys.insert(j, ai)
+                e_min.insert(j, ei if j == 0 else min(ei, e_min[j - 1]))
+            for k in range(j + 1, len(a_keys)):  # later entries: least E now includes this one
+                if e_min[k] <= ei:
+                    break
+                e_min[k] = ei
+    return out

@@ -155,7 +155,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         copies = int(sum(sol.counts))
         if provider.coverage != "exact" and copies > u.lo:
             # tails were costed for lo pipelines: re-solve with them costed for the count chosen
-            exact_set, _ = provider.templates(copies, copies)
+            exact_set, _ = provider.templates(copies, copies, plan_only=True)
             again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (copies, copies)),
                               None, start, time_limit, unit)[0]
             if again is not None and any(again.counts):
