@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.partition import Split
+from solvers.two_runs import Point
 from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _shift_index, parametric_frontiers
 
 Row = tuple[Hashable, int, Hashable, int]  # (x, k1, y, k2): k1 stages of type x, then k2 of type y
@@ -213,3 +214,104 @@ def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -
             for b, t in zip(done.tolist(), best.tolist()):
                 out[live[int(order[b])]] = t if math.isfinite(t) else None
     return out
+
+
+@dataclass(frozen=True)
+class _Padded:
+    """One stage kind of every type, options padded to a common count: F+B where memory fits at
+    each flight (F + 1, T, O, D), +inf on padding, and the tails (T, O, D)."""
+
+    fits: np.ndarray
+    tail: np.ndarray
+
+
+def _padded(kinds: list[Kind], capacities: list[float], flights: int) -> _Padded:
+    o_max = max(k.fb.shape[0] for k in kinds)
+    d = kinds[0].fb.shape[1]
+    fits = np.full((flights + 1, len(kinds), o_max, d), INF)
+    tail = np.full((len(kinds), o_max, d), INF)
+    f = np.arange(1, flights + 1, dtype=float)[:, None, None]
+    for t, (kind, cap) in enumerate(zip(kinds, capacities)):
+        o = kind.fb.shape[0]
+        fits[1:, t, :o] = np.where(kind.mem_fixed[None] + f * kind.act[None] <= cap, kind.fb[None], INF)
+        tail[t, :o] = kind.tail
+    return _Padded(fits, tail)
+
+
+def _capped_least(kind: _Padded, flight: int, types: np.ndarray, caps: np.ndarray, ecaps: np.ndarray) -> np.ndarray:
+    """Least F+B per (row, d) over options within the row's F+B cap and tail cap, at `flight`."""
+    fits = kind.fits[flight, types]  # (B, O, D)
+    ok = (fits <= caps[:, None, None]) & (kind.tail[types] <= ecaps[:, None, None])
+    return np.where(ok, fits, INF).min(axis=1)
+
+
+def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
+                          ecaps: list[float]) -> dict[int, list[tuple[float, float]]]:
+    """For each row i (x, k1, y, k2) and its tail cap `ecaps[i]`, every non-dominated (A, C) of the
+    splits whose every stage tail is <= the cap, keyed by i (rows without such a split left out).
+    Equals `uniform_layers.tail_capped_frontiers` and `two_runs.tail_capped_chain_frontiers`
+    row by row; all rows advance in one parametric sweep."""
+    keys = list(views)
+    at = {key: i for i, key in enumerate(keys)}
+    n = views[keys[0]].n if keys else 0
+    live = [i for i, r in enumerate(rows) if r[1] >= 1 and r[3] >= 0 and r[1] + r[3] <= n]
+    if not live:
+        return {}
+    coded = np.array([(at[x], k1 - 1, at[x], 1) if k2 == 0 and k1 >= 2 else (at[x], k1, at[y], k2)
+                      for x, k1, y, k2 in rows], dtype=np.int64).reshape(len(rows), 4)
+    e_all = np.asarray(ecaps, dtype=float)
+    vs = [views[k] for k in keys]
+    caps_mem = [v.capacity for v in vs]
+    flights = int((coded[live, 1] + coded[live, 3]).max())
+    first = _padded([v.first for v in vs], caps_mem, flights)
+    mid = _padded([v.mid for v in vs], caps_mem, flights)
+    last = _padded([v.last for v in vs], caps_mem, 1)
+    whole = _padded([v.whole for v in vs], caps_mem, 1)
+    big_n = vs[0].decoders
+    index = _shift_index(big_n)
+    rest = big_n - np.arange(big_n + 1)
+    k_idx = np.arange(big_n + 1)[None, :]
+
+    def solve(ids: list[int], caps: np.ndarray) -> list[Point | None]:
+        out: list[Point | None] = [None] * len(ids)
+        arr, ecap = coded[ids], e_all[ids]
+        total = arr[:, 1] + arr[:, 3]
+        ones = np.flatnonzero(total == 1)
+        if len(ones):
+            fb = _capped_least(whole, 1, arr[ones, 0], caps[ones], ecap[ones])[:, big_n]
+            for b, v in zip(ones.tolist(), fb.tolist()):
+                if math.isfinite(v):
+                    out[b] = Point(v, v)
+        order = np.flatnonzero(total >= 2)
+        if not len(order):
+            return out
+        order = order[np.argsort(-total[order], kind="stable")]
+        x, y, k2, tot = arr[order, 0], arr[order, 2], arr[order, 3], total[order]
+        cap, e = caps[order], ecap[order]
+        value = _capped_least(last, 1, y, cap, e)
+        cmax = value.copy()  # the bottleneck along each best path
+        for r in range(1, int(tot[0])):
+            active = int(np.count_nonzero(tot > r))
+            if r >= 2:
+                on_top = (r > k2[:active])[:, None]
+                stage = np.where(on_top, _capped_least(mid, r, x[:active], cap[:active], e[:active]),
+                                 _capped_least(mid, r, y[:active], cap[:active], e[:active]))
+                value, arg_d = _conv(stage, value[:active], index)
+                cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
+                                  np.take_along_axis(cmax[:active], np.clip(k_idx - arg_d, 0, big_n), axis=1))
+            done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
+            if not len(done):
+                continue
+            fb_first = _capped_least(first, r + 1, x[done], cap[done], e[done])
+            sums = fb_first + value[done][:, rest]
+            d0 = np.argmin(sums, axis=1)
+            rows_k = np.arange(len(done))
+            a = sums[rows_k, d0]
+            c = np.maximum(fb_first[rows_k, d0], cmax[done, rest[d0]])
+            for b, ai, ci in zip(done.tolist(), a.tolist(), c.tolist()):
+                if math.isfinite(ai):
+                    out[int(order[b])] = Point(ai, ci)
+        return out
+
+    found = parametric_frontiers(lambda ids, caps: solve(list(ids), caps), live)
+    return {i: [(p.a_s, p.c_s) for p in pts] for i, pts in found.items()}

@@ -84,3 +84,34 @@ def test_batched_min_max_tails_equal_per_group(seed: int) -> None:
                 want.update({(x, k1, y, k2): t for (k1, k2), t in chain_min_max_tails(views[x], views[y], pairs).items()})
     assert got.keys() == want.keys()
     assert all(got[r] == want[r] for r in want), [r for r in want if got[r] != want[r]][:3]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_batched_capped_points_equal_per_group(seed: int) -> None:
+    """Under tail caps: the same (A, C) points as the per-group tail-capped sweeps."""
+    from solvers.batched_runs import batched_capped_points
+    from solvers.two_runs import tail_capped_chain_frontiers
+    from solvers.uniform_layers import tail_capped_frontiers
+
+    n, opts, views, rows = _instance(seed)
+    rng = np.random.default_rng(seed)
+    tails = sorted({float(t) for o in opts.values() for t in o.tail[np.isfinite(o.fb)]})
+    levels = sorted(float(x) for x in rng.choice(tails, size=3)) + [math.inf]
+    capped_rows = [r for r in rows for _ in levels]
+    ecaps = [e for _ in rows for e in levels]
+    got = batched_capped_points(views, capped_rows, ecaps)
+    want: dict = {}
+    for x, view in views.items():
+        for (s, j), v in tail_capped_frontiers(view, list(range(1, n + 1)), levels).items():
+            want[capped_rows.index((x, s, x, 0)) + j] = [(p.a_s, p.c_s) for p in v]
+    for x in views:
+        for y in views:
+            if x != y:
+                pairs = [(k1, k2) for (a, k1, b, k2) in rows if (a, b) == (x, y)]
+                for (k1, k2, j), v in tail_capped_chain_frontiers(views[x], views[y], pairs, levels).items():
+                    want[capped_rows.index((x, k1, y, k2)) + j] = [(p.a_s, p.c_s) for p in v]
+    assert got.keys() == want.keys()
+    for i, pts in want.items():  # sums of the same stage costs, possibly in another order
+        assert len(got[i]) == len(pts)
+        assert all(math.isclose(a, b, rel_tol=1e-12) for p, q in zip(got[i], pts) for a, b in zip(p, q))
+    assert any(len(v) > 1 for v in got.values())  # the instances have real frontiers

@@ -29,9 +29,8 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
-from solvers.batched_runs import batched_frontiers, batched_min_max_tails
-from solvers.two_runs import tail_capped_chain_frontiers
-from solvers.uniform_layers import (INF, Budget, least_a, tail_capped_frontiers, uniform_view,
+from solvers.batched_runs import batched_capped_points, batched_frontiers, batched_min_max_tails
+from solvers.uniform_layers import (INF, Budget, least_a, uniform_view,
                                     with_tail)
 
 
@@ -407,12 +406,14 @@ class BlocksProvider:
             self._class_levels = {key: ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
                                                           full[bt].act, full[bt].capacity) for bt in tails}, {})}
         with_tails, cache = self._class_levels[key]
+        order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
+        missing = [g for g in order if g not in cache]
+        if missing:
+            cache.update(self._level_frontiers(with_tails, missing, e_cap, ratio))
         n_cls = len(self.classes)
         out: list[Template] = []
         covered: set[tuple[BlockType, ...]] = set()
-        for g in sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g)):
-            if g not in cache:
-                cache[g] = self._level_frontiers(with_tails, g, e_cap, ratio)
+        for g in order:
             if cache[g] is None:
                 continue
             covered.add(g)
@@ -425,27 +426,42 @@ class BlocksProvider:
                 out.extend(Template(_usage(sk, n_cls), a, c, e, None, (), sk) for a, c in points)
         return out, covered
 
-    def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], g: tuple[BlockType, ...],
-                         e_cap: float, ratio: float) -> tuple | None:
-        """(levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}) of one group."""
-        opts, _, _ = _pruned({bt: with_tails[bt] for bt in g}, {bt: self.shapes[bt] for bt in g}, use_tail=True)
+    def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], groups: list[tuple[BlockType, ...]],
+                         e_cap: float, ratio: float) -> dict[tuple[BlockType, ...], tuple | None]:
+        """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}), or None
+        when its layers are not uniform; every group's levels in one batched sweep."""
+        bts = list(dict.fromkeys(bt for g in groups for bt in g))
+        opts, _, _ = _pruned({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts}, use_tail=True)
         views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
-        if any(v is None for v in views.values()):
-            return None
-        least = self._least_tails(with_tails, {g})
-        if not any(t is not None for t in least.values()):
-            return None
-        e_lo = max(min(t for t in least.values() if t is not None), 1e-9)
-        e_top = min(e_cap, max(float(np.max(o.tail[np.isfinite(o.fb)], initial=0.0)) for o in opts.values()))
-        levels = [e_lo * ratio ** k for k in range(int(math.log(max(e_top, e_lo) / e_lo) / math.log(ratio)) + 2)]
-        levels.append(INF)
-        if len(g) == 1:
-            raw = {((g[0],) * s, j): v for (s, j), v in
-                   tail_capped_frontiers(views[g[0]], self.runs[0].get(g[0], []), levels).items()}
-        else:
-            raw = {((g[0],) * k1 + (g[1],) * k2, j): v for (k1, k2, j), v in
-                   tail_capped_chain_frontiers(views[g[0]], views[g[1]], self.runs[1].get(g, []), levels).items()}
-        return levels, least, {k: [(sp.a_s, sp.c_s) for sp in v] for k, v in raw.items()}
+        least_all = self._least_tails(with_tails, set(groups))
+        out: dict[tuple[BlockType, ...], tuple | None] = {}
+        rows: list[tuple] = []
+        ecaps: list[float] = []
+        where: list[tuple[tuple[BlockType, ...], tuple[BlockType, ...], int]] = []  # (group, skeleton, level)
+        for g in groups:
+            least = {sk: t for sk, t in least_all.items() if self.skeleton_group(sk) == g}
+            if any(views[bt] is None for bt in g) or not any(t is not None for t in least.values()):
+                out[g] = None
+                continue
+            e_lo = max(min(t for t in least.values() if t is not None), 1e-9)
+            e_top = min(e_cap, max(float(np.max(opts[bt].tail[np.isfinite(opts[bt].fb)], initial=0.0)) for bt in g))
+            levels = [e_lo * ratio ** k for k in range(int(math.log(max(e_top, e_lo) / e_lo) / math.log(ratio)) + 2)]
+            levels.append(INF)
+            out[g] = (levels, least, {})
+            if len(g) == 1:
+                g_rows = [(g[0], s, g[0], 0) for s in sorted(set(self.runs[0].get(g[0], [])))]
+            else:
+                g_rows = [(g[0], k1, g[1], k2) for k1, k2 in sorted(set(self.runs[1].get(g, [])))]
+            for x, k1, y, k2 in g_rows:
+                for j, e in enumerate(levels):
+                    rows.append((x, k1, y, k2))
+                    ecaps.append(e)
+                    where.append((g, (x,) * k1 + (y,) * k2, j))
+        live = {bt: v for bt, v in views.items() if v is not None}
+        for i, points in batched_capped_points(live, rows, ecaps).items() if rows else ():
+            g, sk, j = where[i]
+            out[g][2][(sk, j)] = points
+        return out
 
     def _stage_rows(self) -> dict[BlockType, np.ndarray]:
         """Per block type, (proto, option, first, end) of every plan proto stage using it."""

@@ -9,6 +9,7 @@ parallelism repeats that group `dp` times.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from planner.costmodel.base import DeviceClass, device_class_of
 from planner.specs.cluster import ClusterSpec
@@ -51,9 +52,9 @@ class StageShape:
         return self.group_size * self.dp
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class BlockType:
-    """A stage device group: `gpus` GPUs of resource class `cls`; its shapes are the options."""
+class BlockType(NamedTuple):
+    """A stage device group: `gpus` GPUs of resource class `cls`; its shapes are the options.
+    A named tuple: skeletons are long tuples of these, hashed and compared in the inner loops."""
 
     cls: int
     gpus: int
