@@ -171,35 +171,56 @@ def _least_tail(kinds: list[Kind], capacities: list[float], flights: int) -> np.
     return np.stack(out, axis=1)
 
 
+@dataclass(frozen=True)
+class RowCodes:
+    """Rows (x, k1, y, k2) that fit in `n` slots, deduplicated, and their codes against an order
+    of view keys (homogeneous ones as a one-stage bottom run of x); built once, reused per call."""
+
+    live: list[Row]
+    coded: np.ndarray  # (B, 4): type index of x, k1, type index of y, k2
+
+    @classmethod
+    def of(cls, keys: list[Hashable], rows: list[Row], n: int) -> RowCodes:
+        at = {key: i for i, key in enumerate(keys)}
+        live = [r for r in dict.fromkeys(rows) if r[1] >= 1 and r[3] >= 0 and r[1] + r[3] <= n]
+        coded = np.array([(at[x], k1 - 1, at[x], 1) if k2 == 0 and k1 >= 2 else (at[x], k1, at[y], k2)
+                          for x, k1, y, k2 in live], dtype=np.int64).reshape(len(live), 4)
+        return cls(live, coded)
+
+
 def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:
     """Least possible largest stage tail over every memory-feasible split of each row (x, k1, y, k2)
     (as in `batched_frontiers`); equals `uniform_layers.min_max_tails` and
     `two_runs.chain_min_max_tails` row by row, in one (min, max) DP for all rows."""
     keys = list(views)
-    at = {key: i for i, key in enumerate(keys)}
-    live = [r for r in dict.fromkeys(rows) if r[1] >= 1 and r[3] >= 0 and keys and r[1] + r[3] <= views[keys[0]].n]
-    out: dict[Row, float | None] = {r: None for r in live}
-    if not live:
+    if not keys:
+        return {}
+    codes = RowCodes.of(keys, rows, views[keys[0]].n)
+    tails = coded_min_max_tails([views[k] for k in keys], codes)
+    return {r: (t if math.isfinite(t) else None) for r, t in zip(codes.live, tails.tolist())}
+
+
+def coded_min_max_tails(views: list[UniformView], codes: RowCodes) -> np.ndarray:
+    """`batched_min_max_tails` on rows coded against `views` (in order): the least largest tail
+    of each live row, +inf where no split fits."""
+    out = np.full(len(codes.live), INF)
+    if not codes.live:
         return out
-    vs = [views[k] for k in keys]
-    caps = [v.capacity for v in vs]
-    big_n = vs[0].decoders
-    coded = np.array([(at[x], k1 - 1, at[x], 1) if k2 == 0 and k1 >= 2 else (at[x], k1, at[y], k2)
-                      for x, k1, y, k2 in live], dtype=np.int64).reshape(len(live), 4)
+    caps = [v.capacity for v in views]
+    big_n = views[0].decoders
+    coded = codes.coded
     total = coded[:, 1] + coded[:, 3]
-    whole = _least_tail([v.whole for v in vs], caps, 1)
-    for b in np.flatnonzero(total == 1):
-        t = float(whole[1, coded[b, 0], big_n])
-        out[live[b]] = t if math.isfinite(t) else None
+    ones = np.flatnonzero(total == 1)
+    out[ones] = _least_tail([v.whole for v in views], caps, 1)[1, coded[ones, 0], big_n]
     order = np.flatnonzero(total >= 2)
     if not len(order):
         return out
     order = order[np.argsort(-total[order], kind="stable")]
     x, y, k2, tot = coded[order, 0], coded[order, 2], coded[order, 3], total[order]
     flights = int(tot[0])
-    first = _least_tail([v.first for v in vs], caps, flights)
-    mid = _least_tail([v.mid for v in vs], caps, flights)
-    value = _least_tail([v.last for v in vs], caps, 1)[1, y]  # (B, D)
+    first = _least_tail([v.first for v in views], caps, flights)
+    mid = _least_tail([v.mid for v in views], caps, flights)
+    value = _least_tail([v.last for v in views], caps, 1)[1, y]  # (B, D)
     index = _shift_index(big_n)
     rest = big_n - np.arange(big_n + 1)
     for r in range(1, flights):
@@ -210,9 +231,7 @@ def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -
             value = np.min(np.maximum(stage[:, None, :], padded), axis=2)
         done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
         if len(done):
-            best = np.min(np.maximum(first[r + 1, x[done]], value[done][:, rest]), axis=1)
-            for b, t in zip(done.tolist(), best.tolist()):
-                out[live[int(order[b])]] = t if math.isfinite(t) else None
+            out[order[done]] = np.min(np.maximum(first[r + 1, x[done]], value[done][:, rest]), axis=1)
     return out
 
 

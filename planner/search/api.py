@@ -28,11 +28,11 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
-from planner.search.parallel import UNIT_BATCH, prefetch_frontiers, refine_units, solve_units
+from planner.search.parallel import UNIT_BATCH, cheap_bounds, prefetch_frontiers, refine_units, solve_units
 from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.units import (Candidate, Unit, UnitContext, cheap_bound, coverage_rank, mixed_length,
+from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_length,
                                   skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -218,7 +218,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         prefetch_frontiers(providers, workers)
         # Best-first: each unit's least pipeline time with no tails (one LP per bisection step) bounds
         # every plan in it; units are solved in that order until none can beat the best plan found.
-        keyed = sorted(((cheap_bound(u, avail, stats), i, u) for i, u in enumerate(pending)),
+        cheap = cheap_bounds(pending, avail, stats, workers)
+        keyed = sorted(((cheap[i], i, u) for i, u in enumerate(pending)),
                        key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
         k = 0
         while k < len(keyed):

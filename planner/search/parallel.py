@@ -1,8 +1,10 @@
 """Work of the search done in worker processes: split frontiers and units, with the same answer.
 
-* Frontiers: the split frontiers of one microbatch size do not depend on another's; with
-  `workers > 1` they are computed in forked processes (each inherits the providers and returns its
-  frontiers) before any unit is solved.
+* Frontiers: the split frontiers of one skeleton do not depend on another's; with `workers > 1`
+  each microbatch size's skeleton rows are split `FRONTIER_PARTS` ways (sizes alone balanced badly:
+  five sizes on two cores took three rounds) and computed in forked processes (each inherits the
+  providers and returns its frontiers) before any unit is solved; the parent puts them back in
+  one fixed order.
 * Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
   plan known when its batch started; a batch's units run in forked processes (`workers > 1`) or in
   turn, and their plans, bounds and counts are merged in batch order. The batch size is fixed, so
@@ -18,9 +20,10 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.search.units import SolvedUnit, Unit, UnitContext, refine_unit, solve_unit
+from planner.search.units import SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit, solve_unit
 from solvers.assign import SolverStats
 
+FRONTIER_PARTS = 2  # each microbatch size's skeleton rows are split this many ways (load balance)
 UNIT_BATCH = 2  # units solved (or refined) between updates of the best plan; fixed for determinism
 
 _JOB: Callable[[int], object] | None = None  # read by forked workers (inherited, not pickled)
@@ -53,11 +56,33 @@ def prefetch_frontiers(providers: list, workers: int) -> None:
     """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
     fewer than two providers that need them)."""
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
-    if not _can_fork(workers, len(todo)):
+    if not _can_fork(workers, len(todo) * FRONTIER_PARTS):
         return
-    states, _ = _map(lambda i: todo[i].frontier_state(), len(todo), workers)
-    for provider, state in zip(todo, states):
-        provider.adopt_frontier_state(state)
+    tasks = [(p, k) for p in todo for k in range(FRONTIER_PARTS)]
+    states, _ = _map(lambda i: tasks[i][0].frontier_part(tasks[i][1], FRONTIER_PARTS), len(tasks), workers)
+    for j, provider in enumerate(todo):
+        provider.adopt_frontier_parts(states[j * FRONTIER_PARTS:(j + 1) * FRONTIER_PARTS])
+
+
+def cheap_bounds(units: list[Unit], avail: tuple[int, ...], stats: SolverStats, workers: int) -> list[float | None]:
+    """Every unit's cheap bound (`units.cheap_bound`), one task per microbatch size (in forked
+    processes when `workers` > 1); LP counts are added to `stats`."""
+    groups: dict[int, list[int]] = {}
+    for i, u in enumerate(units):
+        groups.setdefault(id(u.provider), []).append(i)
+    tasks = list(groups.values())
+
+    def job(j: int) -> tuple[list[float | None], int]:
+        local = SolverStats()
+        return [cheap_bound(units[i], avail, local) for i in tasks[j]], local.ilp_solves
+
+    outs, _ = _map(job, len(tasks), workers)
+    found: list[float | None] = [None] * len(units)
+    for members, (bounds, solves) in zip(tasks, outs):
+        stats.ilp_solves += solves
+        for i, b in zip(members, bounds):
+            found[i] = b
+    return found
 
 
 @dataclass

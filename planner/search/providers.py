@@ -29,7 +29,8 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
                                undominated_options)
-from solvers.batched_runs import batched_capped_points, batched_frontiers, batched_min_max_tails
+from solvers.batched_runs import (RowCodes, batched_capped_points, batched_frontiers, batched_min_max_tails,
+                                 coded_min_max_tails)
 from solvers.uniform_layers import (INF, Budget, least_a, uniform_view,
                                     with_tail)
 
@@ -152,6 +153,7 @@ class BlocksProvider:
         self._runs: tuple[dict, dict] | None = None
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
+        self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
 
     @property
@@ -179,20 +181,26 @@ class BlocksProvider:
         """Whether even the cheap bound needs every split frontier (some skeleton mixes runs)."""
         return any(len(set(sk)) > 1 for sk in self.skeletons)
 
-    def frontier_state(self) -> tuple:
-        """The split frontiers (computed here if not yet), to hand from a worker process to the
-        parent (`adopt_frontier_state`); the stage options they came from are rebuilt there."""
-        lb = self.lb_protos
-        return (self.plan_protos, lb if lb is not self.plan_protos else None, self._uniform,
-                self.truncated, self.stats.templates)
+    def frontier_part(self, part: int, parts: int) -> tuple:
+        """Split frontiers of every `parts`-th uniform skeleton row from `part` (and, in part 0,
+        of the skeletons the general DP solves), to hand from a worker process to the parent
+        (`adopt_frontier_parts`); the stage options they came from are rebuilt there."""
+        plan = self._proto_rows(1, part, parts)
+        lb = None if self._r_lb == 1 else self._proto_rows(self._r_lb, part, parts)
+        return plan, lb, self._uniform
 
-    def adopt_frontier_state(self, state: tuple) -> None:
-        plan, lb, self._uniform, self.truncated, self.stats.templates = state
-        self._plan_protos = plan
-        self._lb_protos = plan if lb is None else lb
+    def adopt_frontier_parts(self, states: list[tuple]) -> None:
+        """Take the frontiers of all parts (`frontier_part`, in part order)."""
+        for _, _, uniform in states:
+            self._uniform.update(uniform)
+        self._plan_protos = self._assemble([st[0] for st in states])
+        self._lb_protos = self._plan_protos if self._r_lb == 1 else self._assemble([st[1] for st in states])
         self._ac = {}
         self._plan_use = None
         self._plan_stages = {}
+        self._stage_index = None
+        self._lb_meta = None
+        self._lb_row_cache = None
 
     def relaxed_templates(self) -> list[Template]:
         """Cheap optimistic templates, before any frontier: per homogeneous skeleton of uniform
@@ -231,9 +239,32 @@ class BlocksProvider:
         return self._full[r_mem]
 
     def _protos(self, r_mem: int) -> list[_Proto]:
+        return self._assemble([self._proto_rows(r_mem, 0, 1)])
+
+    def _assemble(self, parts: list[tuple[dict, list[_Proto], bool]]) -> list[_Proto]:
+        """Protos of every part in one fixed order (homogeneous rows, two-run rows, then the
+        general-DP skeletons), whatever the parts were."""
+        rows: dict[tuple, list[_Proto]] = {}
+        for found, _, truncated in parts:
+            rows.update(found)
+            self.truncated = self.truncated or truncated
+        out: list[_Proto] = []
+        for bt, counts in self.runs[0].items():
+            for s in sorted(set(counts)):
+                out.extend(rows.get((bt, s, bt, 0), ()))
+        for (x, y), pair_rows in self.runs[1].items():
+            for k1, k2 in sorted(set(pair_rows)):
+                out.extend(rows.get((x, k1, y, k2), ()))
+        for _, general, _ in parts:
+            out.extend(general)
+        self.stats.templates += len(out)
+        return out
+
+    def _proto_rows(self, r_mem: int, part: int, parts: int) -> tuple[dict, list[_Proto], bool]:
+        """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
+        those of the skeletons the general DP solves; and whether the deadline cut them short."""
         full = self._full_options(r_mem)
         opts, _, keep = _pruned(full, self.shapes, use_tail=False)
-        out = []
         budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
         runs = self.runs[0]
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
@@ -243,31 +274,27 @@ class BlocksProvider:
         views.update({bt: (uniform_view(opts[bt], trusted=True) if self._uniform.setdefault(
             bt, uniform_view(full[bt]) is not None) else None) for xy in pairs for bt in xy if bt not in views})
         # identical decoder layers: every homogeneous and two-run skeleton in one batched sweep
-        rows = [(bt, s, bt, 0) for bt, counts in runs.items() if views[bt] is not None for s in counts]
+        rows = [(bt, s, bt, 0) for bt, counts in runs.items() if views[bt] is not None for s in sorted(set(counts))]
         rows += [(x, k1, y, k2) for (x, y), pair_rows in pairs.items()
-                 if views[x] is not None and views[y] is not None for k1, k2 in pair_rows]
-        found = batched_frontiers({bt: v for bt, v in views.items() if v is not None}, rows, budget)
-        for bt, counts in runs.items():
-            for s in sorted(set(counts)):
-                out.extend(_Proto((bt,) * s, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for o in sp.options))
-                           for sp in found.get((bt, s, bt, 0), []))
-        for (x, y), pair_rows in pairs.items():
-            for k1, k2 in sorted(set(pair_rows)):
-                sk = (x,) * k1 + (y,) * k2
-                out.extend(_Proto(sk, sp.a_s, sp.c_s, sp.ranges, tuple(keep[bt][o] for bt, o in zip(sk, sp.options)))
-                           for sp in found.get((x, k1, y, k2), []))
-        for sk in self.skeletons:
+                 if views[x] is not None and views[y] is not None for k1, k2 in sorted(set(pair_rows))]
+        found = batched_frontiers({bt: v for bt, v in views.items() if v is not None}, rows[part::parts], budget)
+        out: dict[tuple, list[_Proto]] = {}
+        for (x, k1, y, k2), splits in found.items():
+            sk = (x,) * k1 + (y,) * k2
+            out[(x, k1, y, k2)] = [_Proto(sk, sp.a_s, sp.c_s, sp.ranges,
+                                          tuple(keep[bt][o] for bt, o in zip(sk, sp.options))) for sp in splits]
+        general: list[_Proto] = []
+        truncated = budget.hit
+        for sk in self.skeletons if part == 0 else ():
             if all(views.get(bt) is not None for bt in set(sk)) and len(set(sk)) <= 2:
                 continue
             if self.deadline is not None and time.perf_counter() > self.deadline:
-                self.truncated = True
+                truncated = True
                 break
             for split in split_frontier([opts[bt] for bt in sk], with_tail=False):
                 idx = tuple(keep[bt][o] for bt, o in zip(sk, split.options))
-                out.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
-        self.truncated = self.truncated or budget.hit
-        self.stats.templates += len(out)
-        return out
+                general.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
+        return out, general, truncated
 
     def _least_tails(self, opts: dict[BlockType, StageOptions],
                      groups: set[tuple[BlockType, ...]] | None = None) -> dict[tuple[BlockType, ...], float | None]:
@@ -309,10 +336,27 @@ class BlocksProvider:
         full = self._full_options(self._r_lb)
         opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
                 for bt in tails}
-        least = self._least_tails(opts)
+        views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items()}
+        keys = [bt for bt, v in views.items() if v is not None]
+        codes, row_of = self._lb_rows(keys)
+        least = coded_min_max_tails([views[k] for k in keys], codes).tolist() if codes.live else []
         skeletons, of, _ = self._lb_index()
-        per_skeleton = [least[sk] if sk in least else min_max_tail([opts[bt] for bt in sk]) for sk in skeletons]
+        per_skeleton = [(least[m] if least[m] < INF else None) if m >= 0 else min_max_tail([opts[bt] for bt in sk])
+                        for sk, m in zip(skeletons, row_of)]
         return [per_skeleton[k] for k in of.tolist()]
+
+    def _lb_rows(self, keys: list[BlockType]) -> tuple[RowCodes, list[int]]:
+        """The uniform skeletons' rows over block types `keys` (coded once), and per distinct bound
+        skeleton its row, or -1 (then the general DP gives its least tail)."""
+        if self._lb_row_cache is None or self._lb_row_cache[0] != keys:
+            have = set(keys)
+            rows = [(bt, s, bt, 0) for bt, counts in self.runs[0].items() if bt in have for s in counts]
+            rows += [(x, k1, y, k2) for (x, y), pair_rows in self.runs[1].items()
+                     if x in have and y in have for k1, k2 in pair_rows]
+            codes = RowCodes.of(keys, rows, self.model.num_layer_slots)
+            at = {(x,) * k1 + (y,) * k2: i for i, (x, k1, y, k2) in enumerate(codes.live)}
+            self._lb_row_cache = (keys, codes, [at.get(sk, -1) for sk in self._lb_index()[0]])
+        return self._lb_row_cache[1], self._lb_row_cache[2]
 
     def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
         """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned."""

@@ -229,12 +229,17 @@ def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tu
               incumbent_s: float | None, start: float, time_limit: float | None,
               unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
     """LP bound and rounded plan (large pools); classes that cannot beat the incumbent are only
-    bounded."""
+    bounded: the bound templates go first, and when their bound already reaches the incumbent no
+    plan is rounded (every plan template is dominated by a bound template)."""
     deadline = None if time_limit is None else start + time_limit
-    sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
-                              deadline=deadline) if plan_set else None
     if lb_set is plan_set:
+        sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
+                                  deadline=deadline) if plan_set else None
         return sol, sol
     lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
                              deadline=deadline, bound_only=True) if lb_set else None
+    if incumbent_s is not None and lb is not None and lb.bound_s >= incumbent_s / (1 + 1e-3):
+        return None, lb
+    sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
+                              deadline=deadline) if plan_set else None
     return sol, lb
