@@ -139,9 +139,13 @@ def _shift_index(big_n: int) -> np.ndarray:
 
 
 def _conv(stage: np.ndarray, rest: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(min, +) convolution per batch row: out[b, k] = min_d stage[b, d] + rest[b, k - d]."""
+    """(min, +) convolution per batch row: out[b, k] = min_d stage[b, d] + rest[b, k - d]. Only
+    d up to the last one any row can take is scanned (bottleneck caps keep stages short); the
+    result and its argmin (first least d) are those of the full scan."""
+    live = np.flatnonzero(np.isfinite(stage).any(axis=0))
+    w = int(live[-1]) + 1 if len(live) else 1
     padded = np.concatenate([rest, np.full((rest.shape[0], 1), INF)], axis=1)
-    total = stage[:, None, :] + padded[:, index]
+    total = stage[:, None, :w] + padded[:, index[:, :w]]
     arg = np.argmin(total, axis=2)
     return np.take_along_axis(total, arg[:, :, None], axis=2)[:, :, 0], arg
 

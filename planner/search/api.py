@@ -28,7 +28,7 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
-from planner.search.parallel import UNIT_BATCH, cheap_bounds, prefetch_frontiers, refine_units, solve_units
+from planner.search.parallel import UNIT_BATCH, UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider, ExactProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
@@ -168,7 +168,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     timed_out = False
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0}
-    overhead = cost.knobs.step_overhead_s
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
@@ -216,34 +215,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
     if pending:
         prefetch_frontiers(providers, workers)
-        # Best-first: each unit's least pipeline time with no tails (one LP per bisection step) bounds
-        # every plan in it; units are solved in that order until none can beat the best plan found.
-        cheap = cheap_bounds(pending, avail, stats, workers)
-        keyed = sorted(((cheap[i], i, u) for i, u in enumerate(pending)),
-                       key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
-        k = 0
-        while k < len(keyed):
-            incumbent = min((c.step_s for c in candidates), default=None)
-            if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
-                timed_out = True
-                skip_units(keyed[k:], overhead, ctx)
-                break
-            batch: list[Unit] = []
-            while k < len(keyed) and len(batch) < UNIT_BATCH:
-                cheap, _, u = keyed[k]
-                if cheap is not None and incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
-                    break  # this and every later unit cannot beat the best plan: only bounded
-                k += 1
-                if cheap is not None:
-                    batch.append(u)
-            if not batch:
-                skip_units(keyed[k:], overhead, ctx)
-                break
-            if progress:
-                progress(k / len(keyed), f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
-            timed_out = solve_units(batch, ctx, solver, start, time_limit, workers) or timed_out
-    if pending and candidates and refine_gap is not None:
-        _refine(ctx, refine_gap, None if time_limit is None else start + time_limit, workers)
+        with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
+            timed_out = _best_first(pool, ctx, start, time_limit, progress) or timed_out
+            if candidates and refine_gap is not None:
+                _refine(ctx, refine_gap, None if time_limit is None else start + time_limit, pool)
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -280,7 +255,40 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
 
 
-def _refine(ctx: UnitContext, target: float, deadline: float | None, workers: int) -> None:
+def _best_first(pool: UnitPool, ctx: UnitContext, start: float, time_limit: float | None,
+                progress: Progress | None) -> bool:
+    """Solve the pool's units best-first: each unit's least pipeline time with no tails (one LP per
+    bisection step) bounds every plan in it, and units are solved in that order, `UNIT_BATCH` at a
+    time, until none can beat the best plan found. True if the time limit cut it short."""
+    overhead = ctx.cost.knobs.step_overhead_s
+    cheap_of = pool.cheap_bounds()
+    keyed = sorted(((cheap_of[i], i, u) for i, u in enumerate(pool.units)),
+                   key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
+    timed_out = False
+    k = 0
+    while k < len(keyed):
+        incumbent = min((c.step_s for c in ctx.candidates), default=None)
+        if time_limit is not None and time.perf_counter() - start > time_limit and ctx.candidates:
+            skip_units(keyed[k:], overhead, ctx)
+            return True
+        batch: list[Unit] = []
+        while k < len(keyed) and len(batch) < UNIT_BATCH:
+            cheap, _, u = keyed[k]
+            if cheap is not None and incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
+                break  # this and every later unit cannot beat the best plan: only bounded
+            k += 1
+            if cheap is not None:
+                batch.append(u)
+        if not batch:
+            skip_units(keyed[k:], overhead, ctx)
+            break
+        if progress:
+            progress(k / len(keyed), f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
+        timed_out = pool.solve(batch) or timed_out
+    return timed_out
+
+
+def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> None:
     """Tighten the lowest unit bounds (tail-capped frontiers, `units.refine_unit`), a batch at a
     time, until the gap is within `target`, no unit is left to refine, or the deadline passes."""
     best = min(c.step_s for c in ctx.candidates)
@@ -296,7 +304,7 @@ def _refine(ctx: UnitContext, target: float, deadline: float | None, workers: in
                  if not su.refined and best > (1 + target) * su.bound_s][:UNIT_BATCH]
         if not batch or batch[0].bound_s > lowest:
             return  # the lowest bound is already refined as far as it goes
-        refine_units(batch, ctx, deadline, workers)
+        pool.refine(batch, deadline)
         ctx.explored["units_refined"] += len(batch)
 
 

@@ -6,9 +6,10 @@
   providers and returns its frontiers) before any unit is solved; the parent puts them back in
   one fixed order.
 * Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
-  plan known when its batch started; a batch's units run in forked processes (`workers > 1`) or in
-  turn, and their plans, bounds and counts are merged in batch order. The batch size is fixed, so
-  the plan, the bound and the counts never depend on `workers` (a test checks it).
+  plan known when its batch started; a batch's units run in worker processes forked once for the
+  whole loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts are merged
+  in batch order. The batch size is fixed, so the plan, the bound and the counts never depend on
+  `workers` (a test checks it).
 
 Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
 same work in turn.
@@ -64,27 +65,6 @@ def prefetch_frontiers(providers: list, workers: int) -> None:
         provider.adopt_frontier_parts(states[j * FRONTIER_PARTS:(j + 1) * FRONTIER_PARTS])
 
 
-def cheap_bounds(units: list[Unit], avail: tuple[int, ...], stats: SolverStats, workers: int) -> list[float | None]:
-    """Every unit's cheap bound (`units.cheap_bound`), one task per microbatch size (in forked
-    processes when `workers` > 1); LP counts are added to `stats`."""
-    groups: dict[int, list[int]] = {}
-    for i, u in enumerate(units):
-        groups.setdefault(id(u.provider), []).append(i)
-    tasks = list(groups.values())
-
-    def job(j: int) -> tuple[list[float | None], int]:
-        local = SolverStats()
-        return [cheap_bound(units[i], avail, local) for i in tasks[j]], local.ilp_solves
-
-    outs, _ = _map(job, len(tasks), workers)
-    found: list[float | None] = [None] * len(units)
-    for members, (bounds, solves) in zip(tasks, outs):
-        stats.ilp_solves += solves
-        for i, b in zip(members, bounds):
-            found[i] = b
-    return found
-
-
 @dataclass
 class _Outcome:
     """What solving one unit added to a context, to merge into the parent's."""
@@ -99,52 +79,123 @@ class _Outcome:
     timed_out: bool = False
 
 
-def _solve_one(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None,
-               incumbent_s: float | None) -> _Outcome:
+@dataclass(frozen=True)
+class _Search:
+    """What the unit workers read: the units (by index) and the shared context as at the fork."""
+
+    units: list[Unit]
+    ctx: UnitContext
+    solver: str
+    start: float
+    time_limit: float | None
+
+
+_SEARCH: _Search | None = None  # set before the workers fork; they inherit it
+
+
+def _cheap_task(members: list[int]) -> tuple[list[float | None], int]:
+    assert _SEARCH is not None
+    local = SolverStats()
+    return [cheap_bound(_SEARCH.units[i], _SEARCH.ctx.avail, local) for i in members], local.ilp_solves
+
+
+def _solve_task(args: tuple[int, float | None]) -> _Outcome:
+    assert _SEARCH is not None
+    index, incumbent_s = args
+    u, ctx = _SEARCH.units[index], _SEARCH.ctx
     local = replace(ctx, candidates=[], bounds=[], unsolved_sizes=set(), stats=SolverStats(),
                     explored={"assignments": 0}, solved=[])
     pruned = u.provider.stats.pruned
-    timed_out = solve_unit(u, local, solver, start, time_limit, incumbent_s)
+    timed_out = solve_unit(u, local, _SEARCH.solver, _SEARCH.start, _SEARCH.time_limit, incumbent_s)
     return _Outcome(local.candidates, local.bounds, [(s.bound_s, s.lb_set) for s in local.solved],
                     local.unsolved_sizes, local.stats, local.explored["assignments"],
                     u.provider.stats.pruned - pruned, timed_out)
 
 
-def solve_units(units: list[Unit], ctx: UnitContext, solver: str, start: float, time_limit: float | None,
-                workers: int) -> bool:
-    """Solve a batch of units against the best plan known now; True if any timed out."""
-    incumbent = min((c.step_s for c in ctx.candidates), default=None)
-    if _can_fork(workers, len(units)):
-        for provider in dict.fromkeys(u.provider for u in units):
-            getattr(provider, "warm", lambda: None)()
-    outs, forked = _map(lambda i: _solve_one(units[i], ctx, solver, start, time_limit, incumbent),
-                        len(units), workers)
-    timed_out = False
-    for u, out in zip(units, outs):
-        ctx.candidates.extend(out.candidates)
-        ctx.bounds.extend(out.bounds)
-        ctx.solved.extend(SolvedUnit(b, u, lb_set) for b, lb_set in out.solved)
-        ctx.unsolved_sizes.update(out.unsolved_sizes)
-        ctx.stats.ilp_solves += out.stats.ilp_solves
-        ctx.stats.feasibility_checks += out.stats.feasibility_checks
-        ctx.explored["assignments"] += out.assignments
-        if forked:  # in turn, the provider counted it already
-            u.provider.stats.pruned += out.pruned
-        timed_out = timed_out or out.timed_out
-    return timed_out
-
-
-def _refine_one(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> tuple[float, int]:
-    local = replace(ctx, stats=SolverStats())
-    mine = SolvedUnit(su.bound_s, su.unit, su.lb_set)
+def _refine_task(args: tuple[int, float, list, float, float | None]) -> tuple[float, int]:
+    assert _SEARCH is not None
+    index, bound_s, lb_set, incumbent_s, deadline = args
+    local = replace(_SEARCH.ctx, stats=SolverStats())
+    mine = SolvedUnit(bound_s, _SEARCH.units[index], lb_set)
     refine_unit(mine, local, incumbent_s, deadline)
     return mine.bound_s, local.stats.ilp_solves
 
 
-def refine_units(sus: list[SolvedUnit], ctx: UnitContext, deadline: float | None, workers: int) -> None:
-    """Tighten a batch of unit bounds (`units.refine_unit`) against the best plan."""
-    best = min(c.step_s for c in ctx.candidates)
-    outs, _ = _map(lambda i: _refine_one(sus[i], ctx, best, deadline), len(sus), workers)
-    for su, (bound, solves) in zip(sus, outs):
-        su.bound_s, su.refined, su.lb_set = bound, True, []
-        ctx.stats.ilp_solves += solves
+class UnitPool:
+    """Runs the units of the best-first loop (cheap bounds, solves, refinements) in worker
+    processes forked once, after the frontiers are in place, so every worker inherits them and
+    keeps the caches it builds from one batch to the next; tasks carry unit indices and plain
+    data. With one worker, without fork, or inside a daemon process, the same tasks run in turn."""
+
+    def __init__(self, units: list[Unit], ctx: UnitContext, solver: str, start: float,
+                 time_limit: float | None, workers: int) -> None:
+        self.units, self.ctx, self.workers = units, ctx, workers
+        self._search = _Search(units, ctx, solver, start, time_limit)
+        self._index = {id(u): i for i, u in enumerate(units)}
+        self._pool = None
+
+    def __enter__(self) -> UnitPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
+
+    def _map(self, fn: Callable, args: list) -> tuple[list, bool]:
+        global _SEARCH
+        if not _can_fork(self.workers, len(args)):
+            _SEARCH = self._search
+            try:
+                return [fn(a) for a in args], False
+            finally:
+                _SEARCH = None
+        if self._pool is None:
+            _SEARCH = self._search
+            try:
+                self._pool = mp.get_context("fork").Pool(self.workers)
+            finally:
+                _SEARCH = None
+        return self._pool.map(fn, args, chunksize=1), True
+
+    def cheap_bounds(self) -> list[float | None]:
+        """Every unit's cheap bound (`units.cheap_bound`), one task per microbatch size."""
+        groups: dict[int, list[int]] = {}
+        for i, u in enumerate(self.units):
+            groups.setdefault(id(u.provider), []).append(i)
+        tasks = list(groups.values())
+        outs, _ = self._map(_cheap_task, tasks)
+        found: list[float | None] = [None] * len(self.units)
+        for members, (bounds, solves) in zip(tasks, outs):
+            self.ctx.stats.ilp_solves += solves
+            for i, b in zip(members, bounds):
+                found[i] = b
+        return found
+
+    def solve(self, batch: list[Unit]) -> bool:
+        """Solve a batch of units against the best plan known now; True if any timed out."""
+        ctx = self.ctx
+        incumbent = min((c.step_s for c in ctx.candidates), default=None)
+        outs, forked = self._map(_solve_task, [(self._index[id(u)], incumbent) for u in batch])
+        timed_out = False
+        for u, out in zip(batch, outs):
+            ctx.candidates.extend(out.candidates)
+            ctx.bounds.extend(out.bounds)
+            ctx.solved.extend(SolvedUnit(b, u, lb_set) for b, lb_set in out.solved)
+            ctx.unsolved_sizes.update(out.unsolved_sizes)
+            ctx.stats.ilp_solves += out.stats.ilp_solves
+            ctx.stats.feasibility_checks += out.stats.feasibility_checks
+            ctx.explored["assignments"] += out.assignments
+            if forked:  # in turn, the provider counted it already
+                u.provider.stats.pruned += out.pruned
+            timed_out = timed_out or out.timed_out
+        return timed_out
+
+    def refine(self, sus: list[SolvedUnit], deadline: float | None) -> None:
+        """Tighten a batch of unit bounds (`units.refine_unit`) against the best plan."""
+        best = min(c.step_s for c in self.ctx.candidates)
+        outs, _ = self._map(_refine_task, [(self._index[id(su.unit)], su.bound_s, su.lb_set, best, deadline)
+                                           for su in sus])
+        for su, (bound, solves) in zip(sus, outs):
+            su.bound_s, su.refined, su.lb_set = bound, True, []
+            self.ctx.stats.ilp_solves += solves

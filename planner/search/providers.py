@@ -416,17 +416,6 @@ class BlocksProvider:
                                          for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges))
         return self._plan_stages[i]
 
-    def warm(self) -> None:
-        """Compute now what every unit of this microbatch size reuses, so that forked workers
-        inherit it instead of each recomputing it."""
-        self._plan_usage()
-        self._stage_rows()
-        self._lb_index()
-        self._columns("plan")
-        self._columns("lb")
-        for bt in self.shapes:
-            self._tail_view(bt, self._full_options(self._r_lb)[bt].tail)
-
     @staticmethod
     def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
         """The batch a skeleton's frontier is computed in: its block type, or its two run types."""
