@@ -25,6 +25,9 @@ from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_
 from solvers.assign_lp import lp_support, pipeline_time_bound, solve_assignment_lp
 
 
+RESOLVES = 3  # re-solves of a unit's plan with tails costed for the pipeline count it chose
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A built plan with its evaluated prediction (the evaluator's step, not the assignment's)."""
@@ -152,14 +155,18 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         ctx.solved.append(SolvedUnit((lb.bound_s + overhead) * (1 - 1e-9), u, lb_set))
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u.b, ctx)
-        copies = int(sum(sol.counts))
-        if provider.coverage != "exact" and copies > u.lo:
-            # tails were costed for lo pipelines: re-solve with them costed for the count chosen
+        copies, seen = int(sum(sol.counts)), {u.lo}
+        while provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES:
+            # tails were costed for another pipeline count: re-solve with them costed for the
+            # count chosen (any count of the class allowed), until the count repeats
+            seen.add(copies)
             exact_set, _ = provider.templates(copies, copies, plan_only=True)
-            again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (copies, copies)),
+            again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (u.lo, u.hi)),
                               None, start, time_limit, unit)[0]
-            if again is not None and any(again.counts):
-                _add_candidate(exact_set, again, u.b, ctx)
+            if again is None or not any(again.counts):
+                break
+            _add_candidate(exact_set, again, u.b, ctx)
+            copies = int(sum(again.counts))
     return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
 
 
