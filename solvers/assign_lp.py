@@ -143,9 +143,11 @@ def _least_true(holds, lo: float, hi: float, rel: float) -> float:
 
 
 def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float | None,
-             rel_tol: float) -> float | None:
+             rel_tol: float, floor: float = 0.0) -> float | None:
     """A T proven infeasible for the LP within `rel_tol` of the least LP-feasible one (so a lower
-    bound on the least pipeline time), or None if no T is feasible.
+    bound on the least pipeline time), or None if no T is feasible. `floor` is a known lower bound
+    on that least T (e.g. the LP time of a superset of `allowed`); the search for a feasible T
+    then starts just above it instead of doubling up from the least A.
 
     Newton-like from above: the LP's copies at a feasible T hold, at every T, at most what the LP
     can (they stay feasible), so the T where those copies first hold M is still LP-feasible; repeat
@@ -162,17 +164,19 @@ def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float |
         copies[rep[live]] = x[live]
         return value, copies
 
-    lo = float(np.min(p.a_s[allowed]))
+    lo = max(float(np.min(p.a_s[allowed])), floor)
     enough = p.microbatches * (1 - 1e-12)
     if capacity(lo)[0] >= enough:
         return lo
     span = float(np.max(p.a_s[allowed]) + p.microbatches * np.max(p.c_s[allowed]))
-    t = hi if hi is not None and hi > lo else max(lo * 2, 1e-6)
+    step = 0.05 if floor > 0 else 1.0  # near a known bound: grow by 5 %, 10 %, 20 %, ...
+    t = hi if hi is not None and hi > lo else max(lo * (1 + step), 1e-6)
     value, copies = capacity(t)
     while value < enough:
         if t > 2 * span:
             return None
-        lo, t = t, t * 2
+        step = min(2 * step, 1.0)
+        lo, t = t, t * (1 + step)
         value, copies = capacity(t)
     for _ in range(100):
         t = _root(p, allowed, copies, lo, t)
@@ -324,7 +328,9 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
     def f(i: int) -> float | None:
         if i not in memo:
             allowed = p.e_s <= levels[i]
-            memo[i] = _lp_time(p, lp, allowed, None, rel_tol / 10)
+            # fewer templates need at least the time of any larger level's bound
+            floor = max((v for j, v in memo.items() if j > i and v is not None), default=0.0)
+            memo[i] = _lp_time(p, lp, allowed, None, rel_tol / 10, floor)
         return memo[i]
 
     def target() -> float:

@@ -73,3 +73,32 @@ def test_lp_bound_below_optimum_and_plan_is_feasible(seed: int) -> None:
         assert p.replicas[0] <= counts.sum() <= p.replicas[1]
         assert sum(sum(m) for m in got.microbatches) == p.microbatches
         assert got.objective_s >= truth * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_lp_time_floor_keeps_the_bound(seed: int) -> None:
+    """A known lower bound (`floor`) only shortens the search for a feasible T: the result stays a
+    lower bound on every plan's pipeline time and within rel_tol of the search without it."""
+    from dataclasses import replace
+
+    from solvers.assign import SolverStats
+    from solvers.assign_lp import _CapacityLP, _lp_time
+
+    p = _random_problem(np.random.default_rng(700 + seed))
+    p = replace(p, e_s=np.zeros(len(p.a_s)))  # the oracle's objective is then the pipeline time
+    allowed = np.ones(len(p.a_s), dtype=bool)
+
+    def lp() -> _CapacityLP:
+        usage, of = np.unique(p.usage, axis=0, return_inverse=True)
+        return _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), SolverStats())
+
+    plain = _lp_time(p, lp(), allowed, None, 1e-4)
+    best = _oracle(p)
+    if plain is None:
+        assert _lp_time(p, lp(), allowed, None, 1e-4, floor=1.0) is None
+        return
+    for floor in (0.5 * plain, 0.99 * plain, plain):
+        hinted = _lp_time(p, lp(), allowed, None, 1e-4, floor=floor)
+        assert hinted is not None and abs(hinted - plain) <= 2e-4 * plain
+        if best is not None:
+            assert hinted <= best * (1 + 1e-9)
