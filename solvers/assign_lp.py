@@ -187,13 +187,15 @@ def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float |
         copies = below
         t = probe
     return lo
-def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-4) -> float | None:
+def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-4,
+                        floor: float = 0.0) -> float | None:
     """A lower bound on the least max pipeline time of any plan of p (tails ignored), or None when
-    the LP shows that no plan exists."""
+    the LP shows that no plan exists. `floor`: a known lower bound on it (see `_lp_time`), e.g.
+    the bound of the same templates with more pipelines allowed."""
     stats = stats or SolverStats()
     usage, of = np.unique(p.usage, axis=0, return_inverse=True)
     lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
-    return _lp_time(p, lp, np.ones(len(p.a_s), dtype=bool), None, rel_tol)
+    return _lp_time(p, lp, np.ones(len(p.a_s), dtype=bool), None, rel_tol, floor)
 
 
 def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,

@@ -94,9 +94,16 @@ _SEARCH: _Search | None = None  # set before the workers fork; they inherit it
 
 
 def _cheap_task(members: list[int]) -> tuple[list[float | None], int]:
+    """Cheap bounds of one microbatch size's units, widest `hi` first: each starts from the last."""
     assert _SEARCH is not None
     local = SolverStats()
-    return [cheap_bound(_SEARCH.units[i], _SEARCH.ctx.avail, local) for i in members], local.ilp_solves
+    units = _SEARCH.units
+    found: dict[int, float | None] = {}
+    floor = 0.0
+    for i in sorted(members, key=lambda i: (-units[i].hi, i)):
+        found[i] = cheap_bound(units[i], _SEARCH.ctx.avail, local, floor)
+        floor = found[i] if found[i] is not None else floor
+    return [found[i] for i in members], local.ilp_solves
 
 
 def _solve_task(args: tuple[int, float | None]) -> _Outcome:

@@ -121,12 +121,14 @@ def skip_units(keyed: list[tuple[float | None, int, Unit]], overhead: float, ctx
             ctx.bounds.append(cheap + overhead)
 
 
-def cheap_bound(u: Unit, avail: tuple[int, ...], stats: SolverStats) -> float | None:
-    """Least pipeline time of the unit's bound templates with their tails dropped (LP), or None."""
+def cheap_bound(u: Unit, avail: tuple[int, ...], stats: SolverStats, floor: float = 0.0) -> float | None:
+    """Least pipeline time of the unit's bound templates with their tails dropped (LP), or None.
+    `floor`: a lower bound on it, e.g. the cheap bound of a unit of the same microbatch size with
+    a larger `hi` (the LP drops the lower limit on pipelines, so its time only falls with `hi`)."""
     zero = u.provider.relaxed_templates()
     if not zero:
         return None
-    return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats)
+    return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats, floor=floor)
 
 
 def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None,
