@@ -28,12 +28,25 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
+from planner.search.exact_provider import ExactProvider
 from planner.search.parallel import UNIT_BATCH, UnitPool, prefetch_frontiers
-from planner.search.providers import BlocksProvider, ExactProvider
-from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
+from planner.search.providers import BlocksProvider
+from planner.search.space import (
+    ResourceClass,
+    block_types,
+    resource_classes,
+    stage_shapes,
+)
 from planner.search.templates import count_sequences
-from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_length,
-                                  skip_units, solve_unit)
+from planner.search.units import (
+    Candidate,
+    Unit,
+    UnitContext,
+    coverage_rank,
+    mixed_length,
+    skip_units,
+    solve_unit,
+)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec

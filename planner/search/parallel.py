@@ -21,7 +21,14 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.search.units import SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit, solve_unit
+from planner.search.units import (
+    SolvedUnit,
+    Unit,
+    UnitContext,
+    cheap_bound,
+    refine_unit,
+    solve_unit,
+)
 from solvers.assign import SolverStats
 
 FRONTIER_PARTS = 2  # each microbatch size's skeleton rows are split this many ways (load balance)

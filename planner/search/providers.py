@@ -2,9 +2,7 @@
 and one replica class [lo, hi], as two sets: templates to build plans from, and optimistic templates
 whose assignment optimum is a lower bound for every plan of the covered space.
 
-* `ExactProvider`: every ordered sequence of stage groups, the full (A, C, E) frontier of each,
-  memory variants for pipelines run with fewer microbatches than stages. Costed per replica class,
-  so with lo == hi both sets coincide and the search is exact.
+* `ExactProvider` (`exact_provider`, small pools): every ordered sequence of stage groups.
 * `BlocksProvider` (large pools): pipelines of at most two runs of identical groups of different GPU
   classes; the (A, C) frontier is computed once per microbatch size (it does not depend on the
   replica count) and each template's tail is re-costed per class. The bound uses, per skeleton, the
@@ -23,16 +21,30 @@ import numpy as np
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options
 from planner.search.space import BlockType, ResourceClass, StageShape
-from planner.search.templates import (Template, TemplateStage, block_skeletons, exact_skeletons,
-                                      pareto_indices, prune_templates, skeleton_templates)
+from planner.search.templates import (
+    Template,
+    TemplateStage,
+    block_skeletons,
+    pareto_indices,
+    prune_templates,
+)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options,
-                               undominated_options)
-from solvers.batched_runs import (RowCodes, batched_capped_points, batched_frontiers, batched_min_max_tails,
-                                 coded_min_max_tails)
-from solvers.uniform_layers import (INF, Budget, least_a, uniform_view,
-                                    with_tail)
+from solvers.batched_runs import (
+    RowCodes,
+    batched_capped_points,
+    batched_frontiers,
+    batched_min_max_tails,
+    coded_min_max_tails,
+)
+from solvers.partition import (
+    StageOptions,
+    min_max_tail,
+    split_frontier,
+    subset_options,
+    undominated_options,
+)
+from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
 
 @dataclass
@@ -49,8 +61,8 @@ def _usage(skeleton: tuple[BlockType, ...], num_classes: int) -> tuple[int, ...]
     return tuple(usage)
 
 
-def _pruned(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[StageShape]],
-            use_tail: bool) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]],
+def pruned_options(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[StageShape]],
+                   use_tail: bool) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]],
                                      dict[BlockType, list[int]]]:
     out_o, out_s, out_k = {}, {}, {}
     for bt, o in opts.items():
@@ -86,35 +98,6 @@ def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) ->
     if max_blocks >= 2 and max_mixed_len is not None and max_mixed_len < num_slots:
         return f"blocks<={max_blocks},mixed<={max_mixed_len}"
     return f"blocks<={max_blocks}"
-
-
-class ExactProvider:
-    coverage = "exact"
-
-    def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
-                 shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
-                 single_node: bool) -> None:
-        self.cost, self.model, self.training, self.classes = cost, model, training, classes
-        self.shapes, self.micro_batch, self.single_node = shapes, micro_batch, single_node
-        self.skeletons = exact_skeletons(list(shapes), avail, model.num_layer_slots)
-        self.stats = ProviderStats()
-
-    def _set(self, r_sync: int, r_mem: int) -> list[Template]:
-        ctx = OptionContext(self.model, self.training, self.micro_batch, r_sync, r_mem, self.single_node)
-        opts = {bt: build_options(self.cost, self.classes[bt.cls], shp, ctx) for bt, shp in self.shapes.items()}
-        opts, shapes, _ = _pruned(opts, self.shapes, use_tail=True)
-        found = [t for sk in self.skeletons for t in skeleton_templates(sk, opts, shapes, len(self.classes))]
-        kept = prune_templates(found)
-        self.stats.skeletons += len(self.skeletons)
-        self.stats.templates += len(found)
-        self.stats.pruned += len(found) - len(kept)
-        return kept
-
-    def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
-        plan_set = self._set(lo, lo)
-        if lo == hi or self.training.zero == 0:
-            return plan_set, plan_set
-        return plan_set, self._set(lo, hi)
 
 
 @dataclass(frozen=True)
@@ -264,7 +247,7 @@ class BlocksProvider:
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
         those of the skeletons the general DP solves; and whether the deadline cut them short."""
         full = self._full_options(r_mem)
-        opts, _, keep = _pruned(full, self.shapes, use_tail=False)
+        opts, _, keep = pruned_options(full, self.shapes, use_tail=False)
         budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
         runs = self.runs[0]
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
@@ -464,7 +447,7 @@ class BlocksProvider:
         """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}), or None
         when its layers are not uniform; every group's levels in one batched sweep."""
         bts = list(dict.fromkeys(bt for g in groups for bt in g))
-        opts, _, _ = _pruned({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts}, use_tail=True)
+        opts, _, _ = pruned_options({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts}, use_tail=True)
         views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
         least_all = self._least_tails(with_tails, set(groups))
         out: dict[tuple[BlockType, ...], tuple | None] = {}
