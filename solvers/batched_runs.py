@@ -23,15 +23,7 @@ import numpy as np
 
 from solvers.partition import Split
 from solvers.two_runs import Point
-from solvers.uniform_layers import (
-    INF,
-    Budget,
-    Kind,
-    UniformView,
-    _conv,
-    _shift_index,
-    parametric_frontiers,
-)
+from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _shift_index, parametric_frontiers
 
 Row = tuple[Hashable, int, Hashable, int]  # (x, k1, y, k2): k1 stages of type x, then k2 of type y
 

@@ -139,6 +139,17 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
     return pareto(found)
 
 
+def tail_capped_frontier(positions: list[StageOptions], e: float) -> list[Split]:
+    """Every non-dominated (A, C) split whose stages all have tails <= e (the general DP under a
+    tail cap, bottleneck cap lowered below each answer in turn)."""
+    found: list[Split] = []
+    c = INF
+    while (sol := best_split(positions, c, e)) is not None:
+        found.append(sol)
+        c = _below(sol.c_s)
+    return pareto_ac(found)
+
+
 def pareto_ac(points: list[Split]) -> list[Split]:
     """Drop splits dominated in (A, C); keep the first of equal pairs. A within 1e-12 relative
     counts as equal (sums of the same stage costs in another order differ in the last bits)."""

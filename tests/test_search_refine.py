@@ -33,12 +33,17 @@ def _provider(b: int) -> BlocksProvider:
                           b, CLUSTER.single_node)
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 3])
-def test_level_templates_dominate_every_split(replicas: int) -> None:
+@pytest.mark.parametrize("replicas, ratio, general", [(1, 1.5, False), (2, 1.5, False), (3, 1.5, False),
+                                                      (2, 1.05, False), (2, 1.5, True), (3, 1.15, True)])
+def test_level_templates_dominate_every_split(replicas: int, ratio: float, general: bool) -> None:
+    """Also with finer tail levels, and on the general DP's path (layers treated as position
+    dependent, as measured ones are)."""
     provider = _provider(1)
     _, lb_set = provider.templates(replicas, replicas)
+    if general:
+        provider._uniform = dict.fromkeys(provider._uniform, False)
     groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
-    new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf)
+    new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf, ratio=ratio)
     assert covered == groups and new
     by_skeleton: dict = {}
     for t in new:
@@ -118,3 +123,30 @@ def test_a_deadline_inside_the_frontiers_still_gives_a_real_plan(workers: int) -
     assert not violations(result.plan, BIG_CLUSTER, COST)
     assert evaluate(result.plan, BIG_CLUSTER, COST).step_s == pytest.approx(result.prediction.step_s, rel=1e-9)
     assert 0 < result.lower_bound_s <= result.prediction.step_s
+
+
+def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
+    """`UnitPool.split` replaces a class [lo, hi] by two parts, each solved with tails costed for
+    its own lowest count: both bounds are at least the class's, and they cover the class."""
+    import time
+
+    from planner.search.parallel import UnitPool
+    from planner.search.units import Unit, UnitContext
+    from solvers.assign import SolverStats
+
+    classes = resource_classes(BIG_CLUSTER)
+    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
+    avail = tuple(rc.gpus for rc in classes)
+    provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+                              BIG_CLUSTER.single_node)
+    ctx = UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, classes, COST, avail, [], [], set(), SolverStats(),
+                      {"assignments": 0})
+    wide = Unit(1, provider, 9, 16, BIG_TRAINING.global_batch)
+    with UnitPool([wide], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
+        pool.solve([wide])
+        (whole,) = ctx.solved
+        pool.split(whole)
+    parts = sorted(ctx.solved, key=lambda su: su.unit.lo)
+    assert [(su.unit.lo, su.unit.hi) for su in parts] == [(9, 13), (14, 16)]
+    assert all(su.bound_s >= whole.bound_s * (1 - 1e-9) for su in parts)
+    assert max(su.bound_s for su in parts) > whole.bound_s * (1 + 1e-6)  # costing more pipelines tells

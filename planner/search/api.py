@@ -31,22 +31,10 @@ from planner.search.bounds import fluid_bound_s
 from planner.search.exact_provider import ExactProvider
 from planner.search.parallel import UNIT_BATCH, UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
-from planner.search.space import (
-    ResourceClass,
-    block_types,
-    resource_classes,
-    stage_shapes,
-)
+from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.units import (
-    Candidate,
-    Unit,
-    UnitContext,
-    coverage_rank,
-    mixed_length,
-    skip_units,
-    solve_unit,
-)
+from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_length,
+                                  skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -180,7 +168,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     coverages: set[str] = set()
     timed_out = False
     unsolved_sizes: set[int] = set()
-    explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0}
+    explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
+                "units_split": 0}
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
@@ -302,8 +291,11 @@ def _best_first(pool: UnitPool, ctx: UnitContext, start: float, time_limit: floa
 
 
 def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> None:
-    """Tighten the lowest unit bounds (tail-capped frontiers, `units.refine_unit`), a batch at a
-    time, until the gap is within `target`, no unit is left to refine, or the deadline passes."""
+    """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
+    tightened further, or the deadline passes. A unit is first refined with tail-capped frontiers
+    (`units.refine_unit`, two units at a time); a wide replica class is then split
+    (`UnitPool.split`: tails costed for more pipelines); a single count is refined again with finer
+    tail levels (`units.REFINE_RATIOS`)."""
     best = min(c.step_s for c in ctx.candidates)
     while ctx.solved:
         if deadline is not None and time.perf_counter() > deadline:
@@ -313,10 +305,17 @@ def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitP
             return  # within the target
         if min(ctx.bounds, default=np.inf) < lowest:
             return  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
-        batch = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s)
-                 if not su.refined and best > (1 + target) * su.bound_s][:UNIT_BATCH]
-        if not batch or batch[0].bound_s > lowest:
-            return  # the lowest bound is already refined as far as it goes
+        open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s)
+                      if best > (1 + target) * su.bound_s and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
+        if not open_units or open_units[0].bound_s > lowest:
+            return  # the lowest bound is tightened as far as it goes
+        low = open_units[0]
+        if low.ratio is not None and low.unit.lo < low.unit.hi:
+            pool.split(low)
+            ctx.explored["units_split"] += 1
+            continue
+        batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
+        batch = [su for su in batch if su.next_ratio() is not None]
         pool.refine(batch, deadline)
         ctx.explored["units_refined"] += len(batch)
 

@@ -21,14 +21,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.search.units import (
-    SolvedUnit,
-    Unit,
-    UnitContext,
-    cheap_bound,
-    refine_unit,
-    solve_unit,
-)
+from planner.search.units import SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit, solve_unit
 from solvers.assign import SolverStats
 
 FRONTIER_PARTS = 2  # each microbatch size's skeleton rows are split this many ways (load balance)
@@ -113,10 +106,17 @@ def _cheap_task(members: list[int]) -> tuple[list[float | None], int]:
     return [found[i] for i in members], local.ilp_solves
 
 
-def _solve_task(args: tuple[int, float | None]) -> _Outcome:
+def _unit(index: int, lo: int, hi: int) -> Unit:
+    """Unit `index` of the search, or the part [lo, hi] of its replica class (a split class)."""
     assert _SEARCH is not None
-    index, incumbent_s = args
-    u, ctx = _SEARCH.units[index], _SEARCH.ctx
+    u = _SEARCH.units[index]
+    return u if (u.lo, u.hi) == (lo, hi) else replace(u, lo=lo, hi=hi)
+
+
+def _solve_task(args: tuple[int, int, int, float | None]) -> _Outcome:
+    assert _SEARCH is not None
+    index, lo, hi, incumbent_s = args
+    u, ctx = _unit(index, lo, hi), _SEARCH.ctx
     local = replace(ctx, candidates=[], bounds=[], unsolved_sizes=set(), stats=SolverStats(),
                     explored={"assignments": 0}, solved=[])
     pruned = u.provider.stats.pruned
@@ -126,13 +126,13 @@ def _solve_task(args: tuple[int, float | None]) -> _Outcome:
                     u.provider.stats.pruned - pruned, timed_out)
 
 
-def _refine_task(args: tuple[int, float, list, float, float | None]) -> tuple[float, int]:
+def _refine_task(args: tuple[int, int, int, float, list, float, float | None, float]) -> tuple[float, int, list]:
     assert _SEARCH is not None
-    index, bound_s, lb_set, incumbent_s, deadline = args
+    index, lo, hi, bound_s, lb_set, incumbent_s, deadline, ratio = args
     local = replace(_SEARCH.ctx, stats=SolverStats())
-    mine = SolvedUnit(bound_s, _SEARCH.units[index], lb_set)
-    refine_unit(mine, local, incumbent_s, deadline)
-    return mine.bound_s, local.stats.ilp_solves
+    mine = SolvedUnit(bound_s, _unit(index, lo, hi), lb_set)
+    refine_unit(mine, local, incumbent_s, deadline, ratio)
+    return mine.bound_s, local.stats.ilp_solves, mine.lb_set
 
 
 class UnitPool:
@@ -145,7 +145,8 @@ class UnitPool:
                  time_limit: float | None, workers: int) -> None:
         self.units, self.ctx, self.workers = units, ctx, workers
         self._search = _Search(units, ctx, solver, start, time_limit)
-        self._index = {id(u): i for i, u in enumerate(units)}
+        self._index = {id(u): i for i, u in enumerate(units)}  # split parts map to their class's unit
+        self._kept: list[Unit] = []
         self._pool = None
 
     def __enter__(self) -> UnitPool:
@@ -190,7 +191,7 @@ class UnitPool:
         """Solve a batch of units against the best plan known now; True if any timed out."""
         ctx = self.ctx
         incumbent = min((c.step_s for c in ctx.candidates), default=None)
-        outs, forked = self._map(_solve_task, [(self._index[id(u)], incumbent) for u in batch])
+        outs, forked = self._map(_solve_task, [(self._index[id(u)], u.lo, u.hi, incumbent) for u in batch])
         timed_out = False
         for u, out in zip(batch, outs):
             ctx.candidates.extend(out.candidates)
@@ -206,10 +207,26 @@ class UnitPool:
         return timed_out
 
     def refine(self, sus: list[SolvedUnit], deadline: float | None) -> None:
-        """Tighten a batch of unit bounds (`units.refine_unit`) against the best plan."""
+        """Tighten a batch of unit bounds (`units.refine_unit`, each at its next ratio) against the
+        best plan."""
         best = min(c.step_s for c in self.ctx.candidates)
-        outs, _ = self._map(_refine_task, [(self._index[id(su.unit)], su.bound_s, su.lb_set, best, deadline)
-                                           for su in sus])
-        for su, (bound, solves) in zip(sus, outs):
-            su.bound_s, su.refined, su.lb_set = bound, True, []
+        ratios = [su.next_ratio() for su in sus]
+        outs, _ = self._map(_refine_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s,
+                                            su.lb_set, best, deadline, r) for su, r in zip(sus, ratios)])
+        for su, r, (bound, solves, lb_set) in zip(sus, ratios, outs):
+            su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
             self.ctx.stats.ilp_solves += solves
+
+    def split(self, su: SolvedUnit) -> None:
+        """Replace a solved unit of a wide replica class [lo, hi] by its parts [lo, m] and
+        [m + 1, hi] (m about 1.5 lo), each solved as a unit. Each part's templates are costed for
+        its own lowest count, so its bound is at least the whole class's, and the smaller of the two
+        bounds every plan of the class."""
+        u = su.unit
+        mid = max(u.lo, min(u.hi - 1, int(u.lo * 1.5)))
+        parts = [replace(u, hi=mid), replace(u, lo=mid + 1)]
+        for part in parts:
+            self._index[id(part)] = self._index[id(u)]
+            self._kept.append(part)  # alive, so its id stays its own
+        self.ctx.solved[:] = [s for s in self.ctx.solved if s is not su]
+        self.solve(parts)

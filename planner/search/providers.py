@@ -21,29 +21,13 @@ import numpy as np
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options
 from planner.search.space import BlockType, ResourceClass, StageShape
-from planner.search.templates import (
-    Template,
-    TemplateStage,
-    block_skeletons,
-    pareto_indices,
-    prune_templates,
-)
+from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import (
-    RowCodes,
-    batched_capped_points,
-    batched_frontiers,
-    batched_min_max_tails,
-    coded_min_max_tails,
-)
-from solvers.partition import (
-    StageOptions,
-    min_max_tail,
-    split_frontier,
-    subset_options,
-    undominated_options,
-)
+from solvers.batched_runs import (RowCodes, batched_capped_points, batched_frontiers, batched_min_max_tails,
+                                  coded_min_max_tails)
+from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options, tail_capped_frontier,
+                               undominated_options)
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
 
@@ -137,6 +121,7 @@ class BlocksProvider:
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
         self._lb_row_cache: tuple | None = None  # see _lb_rows
+        self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
 
     @property
@@ -407,7 +392,7 @@ class BlocksProvider:
 
     def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
                         ratio: float = 1.5) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
-        """Tighter bound templates for the skeletons of `groups` (uniform layers only), and the
+        """Tighter bound templates for the skeletons of `groups`, and the
         groups they cover (their `templates` bound templates are then superseded).
 
         Each group's (A, C) frontiers are recomputed under caps e_0 < e_1 < ... (geometric, ratio
@@ -423,17 +408,18 @@ class BlocksProvider:
                                                           full[bt].act, full[bt].capacity) for bt in tails}, {})}
         with_tails, cache = self._class_levels[key]
         order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
-        missing = [g for g in order if g not in cache]
+        missing = [g for g in order if (g, ratio) not in cache]
         if missing:
-            cache.update(self._level_frontiers(with_tails, missing, e_cap, ratio))
+            found = self._level_frontiers(with_tails, missing, e_cap, ratio)
+            cache.update({(g, ratio): v for g, v in found.items()})
         n_cls = len(self.classes)
         out: list[Template] = []
         covered: set[tuple[BlockType, ...]] = set()
         for g in order:
-            if cache[g] is None:
+            if cache[(g, ratio)] is None:
                 continue
             covered.add(g)
-            levels, least, found = cache[g]
+            levels, least, found = cache[(g, ratio)]
             for (sk, j), points in found.items():
                 e_min = least.get(sk)
                 if e_min is None:
@@ -445,18 +431,25 @@ class BlocksProvider:
     def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], groups: list[tuple[BlockType, ...]],
                          e_cap: float, ratio: float) -> dict[tuple[BlockType, ...], tuple | None]:
         """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}), or None
-        when its layers are not uniform; every group's levels in one batched sweep."""
+        when no skeleton of it has a split; groups of identical layers in one batched sweep, the
+        others (e.g. measured, position-dependent layers) skeleton by skeleton with the general DP."""
         bts = list(dict.fromkeys(bt for g in groups for bt in g))
         opts, _, _ = pruned_options({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts}, use_tail=True)
         views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
-        least_all = self._least_tails(with_tails, set(groups))
+        uniform = [g for g in groups if all(views[bt] is not None for bt in g)]
+        least_all = self._least_tails(with_tails, set(uniform)) if uniform else {}
+        members = self._group_skeletons()
         out: dict[tuple[BlockType, ...], tuple | None] = {}
         rows: list[tuple] = []
         ecaps: list[float] = []
         where: list[tuple[tuple[BlockType, ...], tuple[BlockType, ...], int]] = []  # (group, skeleton, level)
         for g in groups:
-            least = {sk: t for sk, t in least_all.items() if self.skeleton_group(sk) == g}
-            if any(views[bt] is None for bt in g) or not any(t is not None for t in least.values()):
+            general = g not in uniform
+            if general:
+                least = {sk: min_max_tail([with_tails[bt] for bt in sk]) for sk in members.get(g, [])}
+            else:
+                least = {sk: t for sk, t in least_all.items() if self.skeleton_group(sk) == g}
+            if not any(t is not None for t in least.values()):
                 out[g] = None
                 continue
             e_lo = max(min(t for t in least.values() if t is not None), 1e-9)
@@ -464,6 +457,14 @@ class BlocksProvider:
             levels = [e_lo * ratio ** k for k in range(int(math.log(max(e_top, e_lo) / e_lo) / math.log(ratio)) + 2)]
             levels.append(INF)
             out[g] = (levels, least, {})
+            if general:
+                for sk in members.get(g, []):
+                    positions = [opts[bt] for bt in sk]
+                    for j, e in enumerate(levels):
+                        points = [(sp.a_s, sp.c_s) for sp in tail_capped_frontier(positions, e)]
+                        if points:
+                            out[g][2][(sk, j)] = points
+                continue
             if len(g) == 1:
                 g_rows = [(g[0], s, g[0], 0) for s in sorted(set(self.runs[0].get(g[0], [])))]
             else:
@@ -478,6 +479,14 @@ class BlocksProvider:
             g, sk, j = where[i]
             out[g][2][(sk, j)] = points
         return out
+
+    def _group_skeletons(self) -> dict[tuple[BlockType, ...], list[tuple[BlockType, ...]]]:
+        """The skeletons of each group (`skeleton_group`), computed once."""
+        if self._groups is None:
+            self._groups = {}
+            for sk in self.skeletons:
+                self._groups.setdefault(self.skeleton_group(sk), []).append(sk)
+        return self._groups
 
     def _stage_rows(self) -> dict[BlockType, np.ndarray]:
         """Per block type, (proto, option, first, end) of every plan proto stage using it."""

@@ -78,15 +78,24 @@ class UnitContext:
     solved: list["SolvedUnit"] = field(default_factory=list)  # appended to: solved units' bounds
 
 
+REFINE_RATIOS = (1.5, 1.15, 1.05)  # tail-level ratios of a unit's successive refinements
+
+
 @dataclass(slots=True)
 class SolvedUnit:
     """A solved unit's bound (step, overhead included) and the bound templates it came from, kept
-    so the bound can be tightened later (`refine_unit`)."""
+    so the bound can be tightened later (`refine_unit`), with the tail-level ratio it was last
+    refined at (None: not yet)."""
 
     bound_s: float
     unit: Unit
     lb_set: list[Template]
-    refined: bool = False
+    ratio: float | None = None
+
+    def next_ratio(self) -> float | None:
+        """The ratio of its next refinement: the first, then finer ones; None when done."""
+        finer = [r for r in REFINE_RATIOS if self.ratio is None or r < self.ratio]
+        return finer[0] if finer else None
 
 
 def coverage_rank(name: str) -> tuple[int, int]:
@@ -173,12 +182,13 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
 
 
 def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,
-                max_rounds: int = 6) -> None:
+                ratio: float = REFINE_RATIOS[0], max_rounds: int = 6) -> None:
     """Tighten a solved unit's bound: the skeleton groups the LP bound leans on get tail-capped
-    frontiers (`BlocksProvider.level_templates`), round after round until the LP uses no
-    unrefined group. Every round's template set is valid, so the bound only rises."""
+    frontiers (`BlocksProvider.level_templates`, levels `ratio` apart), round after round until the
+    LP uses no group not yet refined at this ratio. Every round's template set is valid, so the
+    bound only rises."""
     provider, u = su.unit.provider, su.unit
-    su.refined = True
+    su.ratio = ratio
     if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s:
         return
     overhead = ctx.cost.knobs.step_overhead_s
@@ -195,7 +205,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
                   if lb_set[k].skeleton is not None} - done - {None}
         if not groups:
             break
-        new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap)
+        new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio)
         done |= groups
         if not covered:
             break
