@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -360,7 +360,7 @@ class BlocksProvider:
         usage = self._plan_usage()
         a, c = self._columns("plan")
         keep = pareto_indices(usage, a, c, e_plan)
-        kept = [Template(usage[i], a[i], c[i], e_plan[i], None, self._template_stages(i)) for i in keep]
+        kept = [Template(usage[i], a[i], c[i], e_plan[i], None, (), None, i) for i in keep]
         self.stats.pruned += len(usage) - len(kept)
         if plan_only:
             return kept, []
@@ -376,8 +376,13 @@ class BlocksProvider:
                               else index.setdefault(p.skeleton, _usage(p.skeleton, n_cls)) for p in self.plan_protos]
         return self._plan_use
 
+    def resolved(self, t: Template) -> Template:
+        """A plan template with its stages (`templates` leaves them out: most templates are
+        never part of a plan)."""
+        return t if t.proto is None or t.stages else replace(t, stages=self._template_stages(t.proto))
+
     def _template_stages(self, i: int) -> tuple[TemplateStage, ...]:
-        """Stages of plan proto i (built when a template of it first survives pruning)."""
+        """Stages of plan proto i (built when a plan first uses it)."""
         if i not in self._plan_stages:
             p = self.plan_protos[i]
             self._plan_stages[i] = tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)

@@ -36,6 +36,8 @@ class Template:
     max_microbatches: int | None  # memory holds only up to this many microbatches (None: any)
     stages: tuple[TemplateStage, ...]
     skeleton: tuple | None = None  # bound templates: the skeleton they stand for (for refinement)
+    proto: int | None = None  # plan templates of large pools: stages left empty, built from this
+    #                           proto of their provider only when a plan uses them (`resolved`)
 
     def time_s(self, microbatches: int) -> float:
         return self.a_s + (microbatches - 1) * self.c_s

@@ -165,7 +165,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
     elif lb is not None and not getattr(provider, "truncated", False):
         ctx.solved.append(SolvedUnit((lb.bound_s + overhead) * (1 - 1e-9), u, lb_set))
     if sol is not None and any(sol.counts):
-        _add_candidate(plan_set, sol, u.b, ctx)
+        _add_candidate(plan_set, sol, u, ctx)
         copies, seen = int(sum(sol.counts)), {u.lo}
         while provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES:
             # tails were costed for another pipeline count: re-solve with them costed for the
@@ -176,7 +176,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
                               None, start, time_limit, unit)[0]
             if again is None or not any(again.counts):
                 break
-            _add_candidate(exact_set, again, u.b, ctx)
+            _add_candidate(exact_set, again, u, ctx)
             copies = int(sum(again.counts))
     return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
 
@@ -222,11 +222,12 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
             break
 
 
-def _add_candidate(templates: list[Template], sol: Assignment, micro_batch: int, ctx: UnitContext) -> None:
-    chosen = [(templates[t], sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
-    plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, micro_batch, chosen)
+def _add_candidate(templates: list[Template], sol: Assignment, u: Unit, ctx: UnitContext) -> None:
+    resolve = getattr(u.provider, "resolved", lambda t: t)
+    chosen = [(resolve(templates[t]), sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
+    plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, u.b, chosen)
     pred = evaluate(plan, ctx.cluster, ctx.cost)
-    ctx.candidates.append(Candidate(pred.step_s, plan, pred, micro_batch))
+    ctx.candidates.append(Candidate(pred.step_s, plan, pred, u.b))
 
 
 def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args: tuple, solver: str,
