@@ -6,6 +6,9 @@ stages left holds r microbatches), with the kind tables of Y for the k2 stages a
 pipeline and those of X above them; X's top stage holds the embedding, Y's bottom stage the head.
 Results equal `partition.split_frontier(..., with_tail=False)` and `partition.min_max_tail` on
 `[X] * k1 + [Y] * k2` (`tests/test_uniform_layers.py`).
+
+The search runs every pair at once (`solvers.batched_runs`); these per-pair sweeps are the reference
+that batched DP is checked against, row by row (`tests/test_batched_runs.py`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ r microbatches under 1F1B). The results equal `partition.split_frontier(..., wit
 `partition.min_max_tail` on `[opts] * S`; `tests/test_uniform_layers.py` checks that.
 
 `uniform_view` returns None when the layers are not identical; callers then use the general DP.
+The search runs every skeleton at once with these kind tables (`solvers.batched_runs`); the
+per-type sweeps here (`frontiers`, `tail_capped_frontiers`, `min_max_tails`) are the reference
+it is checked against.
 """
 
 from __future__ import annotations
