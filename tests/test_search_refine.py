@@ -150,3 +150,16 @@ def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
     assert [(su.unit.lo, su.unit.hi) for su in parts] == [(9, 13), (14, 16)]
     assert all(su.bound_s >= whole.bound_s * (1 - 1e-9) for su in parts)
     assert max(su.bound_s for su in parts) > whole.bound_s * (1 + 1e-6)  # costing more pipelines tells
+
+
+def test_general_levels_past_the_deadline_leave_the_groups_as_they_were() -> None:
+    """The general DP's levels stop at the deadline; a group cut short is not covered (its old
+    bound templates stay), so the bound stays valid."""
+    provider = _provider(1)
+    _, lb_set = provider.templates(2, 2)
+    provider._uniform = dict.fromkeys(provider._uniform, False)
+    groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
+    new, covered = provider.level_templates(2, 2, groups, e_cap=math.inf, deadline=0.0)
+    assert not new and not covered
+    new, covered = provider.level_templates(2, 2, groups, e_cap=math.inf)
+    assert covered == groups and new  # cut-short groups were not cached as done

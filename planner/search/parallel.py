@@ -147,30 +147,31 @@ class UnitPool:
         self._search = _Search(units, ctx, solver, start, time_limit)
         self._index = {id(u): i for i, u in enumerate(units)}  # split parts map to their class's unit
         self._kept: list[Unit] = []
+        self._outer: _Search | None = None  # the module's search before this pool forked
         self._pool = None
 
     def __enter__(self) -> UnitPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _SEARCH
         if self._pool is not None:
             self._pool.terminate()
             self._pool = None
+            _SEARCH = self._outer
 
     def _map(self, fn: Callable, args: list) -> tuple[list, bool]:
         global _SEARCH
-        if not _can_fork(self.workers, len(args)):
-            _SEARCH = self._search
+        if self._pool is None and not _can_fork(self.workers, len(args)):
+            outer, _SEARCH = _SEARCH, self._search
             try:
                 return [fn(a) for a in args], False
             finally:
-                _SEARCH = None
+                _SEARCH = outer
         if self._pool is None:
-            _SEARCH = self._search
-            try:
-                self._pool = mp.get_context("fork").Pool(self.workers)
-            finally:
-                _SEARCH = None
+            # kept set while the pool lives: a worker the pool replaces is forked from this state
+            self._outer, _SEARCH = _SEARCH, self._search
+            self._pool = mp.get_context("fork").Pool(self.workers)
         return self._pool.map(fn, args, chunksize=1), True
 
     def cheap_bounds(self) -> list[float | None]:

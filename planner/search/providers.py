@@ -84,6 +84,9 @@ def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) ->
     return f"blocks<={max_blocks}"
 
 
+_LATE = object()  # a group whose tail-capped levels the deadline cut short
+
+
 @dataclass(frozen=True)
 class _Proto:
     skeleton: tuple[BlockType, ...]
@@ -396,7 +399,8 @@ class BlocksProvider:
         return kinds if len(kinds) <= 2 else None
 
     def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
-                        ratio: float = 1.5) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
+                        ratio: float = 1.5, deadline: float | None = None
+                        ) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
         """Tighter bound templates for the skeletons of `groups`, and the
         groups they cover (their `templates` bound templates are then superseded).
 
@@ -415,8 +419,9 @@ class BlocksProvider:
         order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
         missing = [g for g in order if (g, ratio) not in cache]
         if missing:
-            found = self._level_frontiers(with_tails, missing, e_cap, ratio)
-            cache.update({(g, ratio): v for g, v in found.items()})
+            found = self._level_frontiers(with_tails, missing, e_cap, ratio, deadline)
+            cache.update({(g, ratio): v for g, v in found.items() if v is not _LATE})
+        order = [g for g in order if (g, ratio) in cache]  # a group the deadline cut short stays as it was
         n_cls = len(self.classes)
         out: list[Template] = []
         covered: set[tuple[BlockType, ...]] = set()
@@ -434,12 +439,15 @@ class BlocksProvider:
         return out, covered
 
     def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], groups: list[tuple[BlockType, ...]],
-                         e_cap: float, ratio: float) -> dict[tuple[BlockType, ...], tuple | None]:
+                         e_cap: float, ratio: float,
+                         deadline: float | None = None) -> dict[tuple[BlockType, ...], object]:
         """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}), or None
         when no skeleton of it has a split; groups of identical layers in one batched sweep, the
-        others (e.g. measured, position-dependent layers) skeleton by skeleton with the general DP."""
+        others (e.g. measured, position-dependent layers) skeleton by skeleton with the general DP,
+        until `deadline` (groups it cuts short are `_LATE`: not covered, not cached)."""
         bts = list(dict.fromkeys(bt for g in groups for bt in g))
-        opts, _, _ = pruned_options({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts}, use_tail=True)
+        opts, _, _ = pruned_options({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts},
+                                    use_tail=True)
         views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
         uniform = [g for g in groups if all(views[bt] is not None for bt in g)]
         least_all = self._least_tails(with_tails, set(uniform)) if uniform else {}
@@ -464,6 +472,9 @@ class BlocksProvider:
             out[g] = (levels, least, {})
             if general:
                 for sk in members.get(g, []):
+                    if deadline is not None and time.perf_counter() > deadline:
+                        out[g] = _LATE
+                        break
                     positions = [opts[bt] for bt in sk]
                     for j, e in enumerate(levels):
                         points = [(sp.a_s, sp.c_s) for sp in tail_capped_frontier(positions, e)]

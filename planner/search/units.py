@@ -205,7 +205,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
                   if lb_set[k].skeleton is not None} - done - {None}
         if not groups:
             break
-        new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio)
+        new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio, deadline)
         done |= groups
         if not covered:
             break
