@@ -133,12 +133,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     coverage is the narrowest one used.
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
-    (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`) until
-    the gap is at most `refine_gap` (None: never), no unit is left, or the time limit passes.
+    (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`, then
+    split replica classes and finer tail levels; `_refine`) until the gap is at most `refine_gap`
+    (None: never), the lowest bound cannot be tightened further, or the time limit passes.
 
-    `workers` > 1 computes the split frontiers of the microbatch sizes, and the units of each batch
-    of `parallel.UNIT_BATCH`, in that many forked processes (`parallel`); the batches do not depend
-    on `workers`, so neither does the result.
+    `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
+    bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
+    many (`parallel`); the batches do not depend on `workers`, so neither does the result.
 
     `target` restricts the search to plans one engine runs: "megatron", "torchtitan" and "deepspeed"
     search Megatron's grid (`megatron_grid`; their emitters refuse, with the reason, what they cannot
@@ -305,8 +306,8 @@ def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitP
             return  # within the target
         if min(ctx.bounds, default=np.inf) < lowest:
             return  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
-        open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s)
-                      if best > (1 + target) * su.bound_s and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
+        open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s) if best > (1 + target) * su.bound_s
+                      and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
         if not open_units or open_units[0].bound_s > lowest:
             return  # the lowest bound is tightened as far as it goes
         low = open_units[0]
