@@ -27,19 +27,26 @@ def _instance(seed: int) -> tuple[int, dict, dict, list]:
     return n, opts, views, rows
 
 
+def _per_group(views: dict, rows: list, n: int, homogeneous, pairwise) -> dict:
+    """The per-group sweeps' answers keyed like the batched rows: `homogeneous(view, counts)` per
+    type, `pairwise(top, bottom, pairs)` per ordered pair of types."""
+    want: dict = {}
+    for x, view in views.items():
+        want.update({(x, s, x, 0): v for s, v in homogeneous(view, list(range(1, n + 1))).items()})
+    for x in views:
+        for y in views:
+            if x != y:
+                pairs = [(k1, k2) for (a, k1, b, k2) in rows if (a, b) == (x, y)]
+                want.update({(x, k1, y, k2): v for (k1, k2), v in pairwise(views[x], views[y], pairs).items()})
+    return want
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_batched_equals_per_group_sweeps(seed: int) -> None:
     """Same splits (ranges, options, costs) as the homogeneous and two-run sweeps, row by row."""
     n, _, views, rows = _instance(seed)
     got = batched_frontiers(views, rows)
-    want: dict = {}
-    for x, view in views.items():
-        want.update({(x, s, x, 0): v for s, v in frontiers(view, list(range(1, n + 1))).items()})
-    for x in views:
-        for y in views:
-            if x != y:
-                pairs = [(k1, k2) for (a, k1, b, k2) in rows if (a, b) == (x, y)]
-                want.update({(x, k1, y, k2): v for (k1, k2), v in chain_frontiers(views[x], views[y], pairs).items()})
+    want = _per_group(views, rows, n, frontiers, chain_frontiers)
     assert got.keys() == want.keys()
     for row, splits in want.items():
         assert got[row] == splits, row
@@ -74,14 +81,7 @@ def test_batched_min_max_tails_equal_per_group(seed: int) -> None:
 
     n, _, views, rows = _instance(seed)
     got = batched_min_max_tails(views, rows)
-    want: dict = {}
-    for x, view in views.items():
-        want.update({(x, s, x, 0): t for s, t in min_max_tails(view, list(range(1, n + 1))).items()})
-    for x in views:
-        for y in views:
-            if x != y:
-                pairs = [(k1, k2) for (a, k1, b, k2) in rows if (a, b) == (x, y)]
-                want.update({(x, k1, y, k2): t for (k1, k2), t in chain_min_max_tails(views[x], views[y], pairs).items()})
+    want = _per_group(views, rows, n, min_max_tails, chain_min_max_tails)
     assert got.keys() == want.keys()
     assert all(got[r] == want[r] for r in want), [r for r in want if got[r] != want[r]][:3]
 
