@@ -163,3 +163,18 @@ def test_general_levels_past_the_deadline_leave_the_groups_as_they_were() -> Non
     assert not new and not covered
     new, covered = provider.level_templates(2, 2, groups, e_cap=math.inf)
     assert covered == groups and new  # cut-short groups were not cached as done
+
+
+@pytest.mark.parametrize("r_max", [1, 5, 8, 9, 40, 1024])
+def test_replica_classes_cover_every_count_once(r_max: int) -> None:
+    """Every pipeline count 1..r_max lies in exactly one class: singletons up to 8, then (large
+    pools) one class above, or classes at most 1.1x wide (exact coverage)."""
+    from planner.search.api import replica_classes
+
+    for classes in (replica_classes(r_max, one_upper_class=True), replica_classes(r_max)):
+        counts = [r for lo, hi in classes for r in range(lo, hi + 1)]
+        assert counts == list(range(1, r_max + 1))
+        assert all(lo == hi for lo, hi in classes if lo <= 8)
+    upper = [c for c in replica_classes(r_max, one_upper_class=True) if c[0] > 8]
+    assert upper == ([(9, r_max)] if r_max > 8 else [])
+    assert all(hi <= max(lo, int(lo * 1.1)) for lo, hi in replica_classes(r_max))

@@ -316,7 +316,6 @@ def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitP
             ctx.explored["units_split"] += 1
             continue
         batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
-        batch = [su for su in batch if su.next_ratio() is not None]
         pool.refine(batch, deadline)
         ctx.explored["units_refined"] += len(batch)
 
