@@ -178,22 +178,22 @@ def pareto(points: list[Split]) -> list[Split]:
 def undominated_options(opts: StageOptions, use_tail: bool = True) -> list[int]:
     """Options not dominated by another everywhere (F+B, memory, activations and, if `use_tail`,
     tail all <=). A dominated option is never needed: swapping in its dominator keeps every cap and
-    memory limit and does not raise A, C or E. Ties keep the lower index."""
+    memory limit and does not raise A, C or E. Ties keep the lower index.
+
+    All pairs at once: each option's arrays flattened into one row, compared row against row."""
     n = opts.fb.shape[0]
     arrays = [opts.fb, opts.mem_fixed, opts.act] + ([opts.tail] if use_tail else [])
-    keep = []
-    for i in range(n):
-        dominated = False
-        for j in range(n):
-            if j == i:
-                continue
-            le = all(np.all(a[j] <= a[i]) for a in arrays)
-            if le and (j < i or not all(np.array_equal(a[j], a[i]) for a in arrays)):
-                dominated = True
-                break
-        if not dominated:
-            keep.append(i)
-    return keep
+    rows = np.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
+    le = np.ones((n, n), dtype=bool)  # le[j, i]: option j <= option i everywhere
+    eq = np.ones((n, n), dtype=bool)
+    for start in range(0, rows.shape[1], 4096):  # chunks keep the (n, n, chunk) temporaries small
+        block = rows[:, start:start + 4096]
+        le &= np.all(block[:, None, :] <= block[None, :, :], axis=2)
+        eq &= np.all(block[:, None, :] == block[None, :, :], axis=2)
+    earlier = np.tri(n, k=-1, dtype=bool).T  # earlier[j, i]: j < i
+    beats = le & (earlier | ~eq)
+    np.fill_diagonal(beats, False)
+    return np.flatnonzero(~beats.any(axis=0)).tolist()
 
 
 def subset_options(opts: StageOptions, keep: list[int]) -> StageOptions:

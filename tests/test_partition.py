@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from solvers.partition import StageOptions, best_split, pareto, split_frontier, Split
+from solvers.partition import StageOptions, Split, best_split, pareto, split_frontier, undominated_options
 
 
 def _random_options(rng: np.random.Generator, n: int, num_opts: int, capacity: float) -> StageOptions:
@@ -78,3 +78,34 @@ def test_best_split_respects_caps() -> None:
     capped = best_split([opts] * 3, c=free.c_s * 0.999999)
     if capped is not None:
         assert capped.c_s < free.c_s and capped.a_s >= free.a_s - 1e-12
+
+
+def _undominated_by_pairs(opts: StageOptions, use_tail: bool) -> list[int]:
+    """Reference: every pair compared one at a time."""
+    n = opts.fb.shape[0]
+    arrays = [opts.fb, opts.mem_fixed, opts.act] + ([opts.tail] if use_tail else [])
+    keep = []
+    for i in range(n):
+        beaten = any(j != i and all(np.all(a[j] <= a[i]) for a in arrays)
+                     and (j < i or not all(np.array_equal(a[j], a[i]) for a in arrays)) for j in range(n))
+        if not beaten:
+            keep.append(i)
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_undominated_options_matches_pairwise_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n, layers = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+
+    def table() -> np.ndarray:
+        a = rng.integers(0, 3, (n, layers + 1, layers + 1)).astype(float)
+        a[rng.random(a.shape) < 0.2] = np.inf
+        return a
+
+    opts = StageOptions(table(), table(), table(), table(), 5.0)
+    twin = int(rng.integers(0, n))  # an exact copy of option 0: ties keep the lower index
+    for a in (opts.fb, opts.tail, opts.mem_fixed, opts.act):
+        a[twin] = a[0]
+    for use_tail in (True, False):
+        assert undominated_options(opts, use_tail) == _undominated_by_pairs(opts, use_tail)

@@ -165,16 +165,17 @@ def test_general_levels_past_the_deadline_leave_the_groups_as_they_were() -> Non
     assert covered == groups and new  # cut-short groups were not cached as done
 
 
-@pytest.mark.parametrize("r_max", [1, 5, 8, 9, 40, 1024])
+@pytest.mark.parametrize("r_max", [1, 3, 5, 8, 9, 40, 1024])
 def test_replica_classes_cover_every_count_once(r_max: int) -> None:
-    """Every pipeline count 1..r_max lies in exactly one class: singletons up to 8, then (large
-    pools) one class above, or classes at most 1.1x wide (exact coverage)."""
-    from planner.search.api import replica_classes
+    """Every pipeline count 1..r_max lies in exactly one class: on the blocks coverage singletons
+    up to 4, then [5, 8] and one class above; on the exact coverage singletons up to 8, then
+    classes at most 1.1x wide."""
+    from planner.search.api import BLOCKS_CLASSES, replica_classes
 
-    for classes in (replica_classes(r_max, one_upper_class=True), replica_classes(r_max)):
+    blocks, exact = replica_classes(r_max, **BLOCKS_CLASSES), replica_classes(r_max)
+    for classes in (blocks, exact):
         counts = [r for lo, hi in classes for r in range(lo, hi + 1)]
         assert counts == list(range(1, r_max + 1))
-        assert all(lo == hi for lo, hi in classes if lo <= 8)
-    upper = [c for c in replica_classes(r_max, one_upper_class=True) if c[0] > 8]
-    assert upper == ([(9, r_max)] if r_max > 8 else [])
-    assert all(hi <= max(lo, int(lo * 1.1)) for lo, hi in replica_classes(r_max))
+    assert all(lo == hi for lo, hi in exact if lo <= 8)
+    assert [c for c in blocks if c[0] > 4] == [(lo, hi) for lo, hi in ((5, min(8, r_max)), (9, r_max)) if lo <= r_max]
+    assert all(hi <= max(lo, int(lo * 1.1)) for lo, hi in exact)

@@ -58,21 +58,30 @@ class SearchResult:
 
 
 def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1,
-                    one_upper_class: bool = False) -> list[tuple[int, int]]:
-    """Singletons up to `exact_upto`, then classes [lo, hi] with hi <= lo·ratio, or (with
-    `one_upper_class`) a single class [exact_upto + 1, r_max].
+                    edges: tuple[int, ...] | None = None) -> list[tuple[int, int]]:
+    """Singletons up to `exact_upto`, then classes [lo, hi] with hi <= lo·ratio, or (with `edges`)
+    classes ending at each edge and a last one up to `r_max`.
 
     Any class gives a valid bound (templates are costed for its `lo`); a wide class only loosens
-    it by the gradient sync it under-costs. Past 8 pipelines the ring all-reduce's 2(R-1)/R factor
-    is within 11 % of its limit, so one upper class costs almost no bound (1,024 GPUs: 7.4853 s
-    against 7.4861 s with six classes) and saves a unit per class per microbatch size."""
+    it by the gradient sync it under-costs, and refinement splits the class whose bound is lowest
+    (`UnitPool.split`). The ring all-reduce's 2(R-1)/R factor changes by at most 1/3 between
+    consecutive counts above 2 and by at most 11 % past 8 pipelines, so wide classes there cost
+    little bound (1,024 GPUs: 7.4853 s with one class past 8 against 7.4861 s with six) and save a
+    unit per class per microbatch size."""
     out = [(r, r) for r in range(1, min(r_max, exact_upto) + 1)]
     lo = exact_upto + 1
+    ends = iter(edges) if edges is not None else None
     while lo <= r_max:
-        hi = r_max if one_upper_class else min(r_max, max(lo, int(lo * ratio)))
+        if ends is None:
+            hi = min(r_max, max(lo, int(lo * ratio)))
+        else:
+            hi = min(r_max, max(lo, next(ends, r_max)))
         out.append((lo, hi))
         lo = hi + 1
     return out
+
+
+BLOCKS_CLASSES = {"exact_upto": 4, "edges": (8,)}  # replica classes on the blocks coverage
 
 
 def micro_batch_sizes(training: TrainingSpec) -> list[int]:
@@ -203,7 +212,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         # coverage groups them more coarsely (the bound absorbs the difference, see module doc).
         exact = provider.coverage == "exact"
         rclasses = (replica_classes(max(1, r_max)) if exact
-                    else replica_classes(max(1, r_max), exact_upto=8, one_upper_class=True))
+                    else replica_classes(max(1, r_max), **BLOCKS_CLASSES))
         units = [Unit(b, provider, lo, hi, microbatches) for lo, hi in rclasses]
         if not exact:  # large pools: solved best-first across microbatch sizes, below
             pending.extend(units)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options
-from planner.search.providers import ProviderStats, pruned_options
+from planner.search.options import pruned_options
+from planner.search.providers import ProviderStats
 from planner.search.space import BlockType, ResourceClass, StageShape
 from planner.search.templates import Template, exact_skeletons, prune_templates, skeleton_templates
 from planner.specs.models import ModelSpec

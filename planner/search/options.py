@@ -14,10 +14,10 @@ import numpy as np
 
 from planner.costmodel import stage as st
 from planner.costmodel.base import CostModel, Shard
-from planner.search.space import ResourceClass, StageShape
+from planner.search.space import BlockType, ResourceClass, StageShape
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.partition import StageOptions
+from solvers.partition import StageOptions, subset_options, undominated_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,14 +45,16 @@ def _range_max(values: np.ndarray) -> np.ndarray:
 
 def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
                   ctx: OptionContext, tails_only: bool = False) -> StageOptions:
-    """`tails_only`: fill only `tail` (the rest stays +inf), for re-costing tails per replica class."""
+    """`tails_only`: fill only `tail` (the rest is a read-only +inf view), for re-costing tails per
+    replica class."""
     knobs = cost.knobs
     n = ctx.model.num_layer_slots
     shape3 = (len(shapes), n + 1, n + 1)
-    fb = np.full(shape3, math.inf)
     tail = np.full(shape3, math.inf)
-    mem = np.full(shape3, math.inf)
-    act = np.full(shape3, math.inf)
+    if tails_only:  # read-only +inf views: no memory for what is not filled
+        fb = mem = act = np.broadcast_to(math.inf, shape3)
+    else:
+        fb, mem, act = (np.full(shape3, math.inf) for _ in range(3))
     i_idx, j_idx = np.triu_indices(n + 1, k=1)
     not_first = (i_idx > 0).astype(float)
     not_last = (j_idx < n).astype(float)
@@ -84,3 +86,17 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
         mem[o, i_idx, j_idx] = states + _range_max(table.work_bytes)[i_idx, j_idx]
         act[o, i_idx, j_idx] = _range_matrix(sums.act_cum)[i_idx, j_idx]
     return StageOptions(fb, tail, mem, act, float(st.memory_capacity_bytes(knobs, rc.dev)))
+
+
+def pruned_options(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[StageShape]],
+                   use_tail: bool) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]],
+                                     dict[BlockType, list[int]]]:
+    """Each block type's undominated options (`solvers.partition.undominated_options`), their
+    shapes, and their indices into the unpruned lists."""
+    out_o, out_s, out_k = {}, {}, {}
+    for bt, o in opts.items():
+        keep = undominated_options(o, use_tail)
+        out_o[bt] = subset_options(o, keep)
+        out_s[bt] = [shapes[bt][k] for k in keep]
+        out_k[bt] = keep
+    return out_o, out_s, out_k

@@ -12,22 +12,20 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from planner.costmodel.base import CostModel
-from planner.search.options import OptionContext, build_options
-from planner.search.space import BlockType, ResourceClass, StageShape
+from planner.search.options import OptionContext, build_options, pruned_options
+from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
+from planner.search.tail_levels import TailLevels
 from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import (RowCodes, batched_capped_points, batched_frontiers, batched_min_max_tails,
-                                  coded_min_max_tails)
-from solvers.partition import (StageOptions, min_max_tail, split_frontier, subset_options, tail_capped_frontier,
-                               undominated_options)
+from solvers.batched_runs import RowCodes, batched_frontiers, coded_min_max_tails
+from solvers.partition import StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
 
@@ -36,25 +34,6 @@ class ProviderStats:
     skeletons: int = 0
     templates: int = 0
     pruned: int = 0
-
-
-def _usage(skeleton: tuple[BlockType, ...], num_classes: int) -> tuple[int, ...]:
-    usage = [0] * num_classes
-    for bt in skeleton:
-        usage[bt.cls] += bt.gpus
-    return tuple(usage)
-
-
-def pruned_options(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[StageShape]],
-                   use_tail: bool) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]],
-                                     dict[BlockType, list[int]]]:
-    out_o, out_s, out_k = {}, {}, {}
-    for bt, o in opts.items():
-        keep = undominated_options(o, use_tail)
-        out_o[bt] = subset_options(o, keep)
-        out_s[bt] = [shapes[bt][k] for k in keep]
-        out_k[bt] = keep
-    return out_o, out_s, out_k
 
 
 def _homogeneous_runs(skeletons: list[tuple[BlockType, ...]]) -> dict[BlockType, list[int]]:
@@ -84,7 +63,7 @@ def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) ->
     return f"blocks<={max_blocks}"
 
 
-_LATE = object()  # a group whose tail-capped levels the deadline cut short
+TAIL_CACHE = 4  # replica classes whose stage tails a provider keeps
 
 
 @dataclass(frozen=True)
@@ -96,7 +75,7 @@ class _Proto:
     full_options: tuple[int, ...]  # indices into the unpruned shape lists
 
 
-class BlocksProvider:
+class BlocksProvider(TailLevels):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
                  single_node: bool, max_blocks: int = 2, deadline: float | None = None,
@@ -119,13 +98,14 @@ class BlocksProvider:
         self._stage_index: dict[BlockType, np.ndarray] | None = None
         self._plan_use: list[tuple[int, ...]] | None = None  # see _plan_usage
         self._plan_stages: dict[int, tuple[TemplateStage, ...]] = {}  # see _template_stages
-        self._class_levels: dict[tuple[int, int], tuple[dict, dict]] = {}  # the class last refined
+        self._class_levels: dict[tuple[int, int], tuple[dict, dict, dict]] = {}  # the class last refined
         self._runs: tuple[dict, dict] | None = None
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
         self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
+        self._tails: dict[tuple[int, int], dict[BlockType, StageOptions]] = {}  # see _tail_options
 
     @property
     def runs(self) -> tuple[dict[BlockType, list[int]], dict[tuple[BlockType, BlockType], list[tuple[int, int]]]]:
@@ -193,7 +173,7 @@ class BlocksProvider:
                 return self._relaxed
             for s, a in least_a(view, counts).items():
                 if a is not None:
-                    out.append(Template(_usage((bt,) * s, n_cls), a, a / s, 0.0, None, ()))
+                    out.append(Template(skeleton_usage((bt,) * s, n_cls), a, a / s, 0.0, None, ()))
         self._relaxed = prune_templates(out)
         return self._relaxed
 
@@ -201,6 +181,16 @@ class BlocksProvider:
         ctx = OptionContext(self.model, self.training, self.micro_batch, r_sync, r_mem, self.single_node)
         return {bt: build_options(self.cost, self.classes[bt.cls], shp, ctx, tails_only)
                 for bt, shp in self.shapes.items()}
+
+    def _tail_options(self, r_sync: int, r_mem: int) -> dict[BlockType, StageOptions]:
+        """Stage tails costed for `r_sync` / `r_mem` replicas (`_options(tails_only=True)`); the
+        last few classes' are kept, as a unit's solve, re-solves and refinement ask again."""
+        key = (r_sync, r_mem)
+        if key not in self._tails:
+            if len(self._tails) >= TAIL_CACHE:
+                self._tails.pop(next(iter(self._tails)))
+            self._tails[key] = self._options(r_sync, r_mem, tails_only=True)
+        return self._tails[key]
 
     def _full_options(self, r_mem: int) -> dict[BlockType, StageOptions]:
         """Every stage option of every block type (sync for one replica, memory for `r_mem`),
@@ -267,19 +257,6 @@ class BlocksProvider:
                 general.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
         return out, general, truncated
 
-    def _least_tails(self, opts: dict[BlockType, StageOptions],
-                     groups: set[tuple[BlockType, ...]] | None = None) -> dict[tuple[BlockType, ...], float | None]:
-        """Least possible largest stage tail of every uniform skeleton (of `groups`, default all):
-        one batched sweep (`batched_min_max_tails`); other skeletons are filled in on demand by `_lb_tails`."""
-        wanted = None if groups is None else {bt for g in groups for bt in g}
-        views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items() if wanted is None or bt in wanted}
-        views = {bt: v for bt, v in views.items() if v is not None}
-        rows = [(bt, s, bt, 0) for bt, counts in self.runs[0].items()
-                if bt in views and (groups is None or (bt,) in groups) for s in counts]
-        rows += [(x, k1, y, k2) for (x, y), pair_rows in self.runs[1].items()
-                 if x in views and y in views and (groups is None or (x, y) in groups) for k1, k2 in pair_rows]
-        return {(x,) * k1 + (y,) * k2: t for (x, k1, y, k2), t in batched_min_max_tails(views, rows).items()}
-
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
         if not self._uniform.get(bt):
@@ -295,7 +272,7 @@ class BlocksProvider:
             index: dict[tuple[BlockType, ...], int] = {}
             of = np.array([index.setdefault(p.skeleton, len(index)) for p in self.lb_protos], dtype=np.int64)
             skeletons = list(index)
-            usage = [_usage(sk, len(self.classes)) for sk in skeletons]
+            usage = [skeleton_usage(sk, len(self.classes)) for sk in skeletons]
             self._lb_meta = (skeletons, of, [usage[k] for k in of])
         return self._lb_meta
 
@@ -358,25 +335,25 @@ class BlocksProvider:
     def templates(self, lo: int, hi: int, plan_only: bool = False) -> tuple[list[Template], list[Template]]:
         """Plan templates (tails for `lo` replicas) and bound templates for the class [lo, hi],
         both pruned; `plan_only` leaves the bound set empty."""
-        tails = self._options(lo, lo, tails_only=True)
+        tails = self._tail_options(lo, lo)
         e_plan = self._plan_tails(tails).tolist()
-        usage = self._plan_usage()
+        usage = self._planskeleton_usage()
         a, c = self._columns("plan")
         keep = pareto_indices(usage, a, c, e_plan)
         kept = [Template(usage[i], a[i], c[i], e_plan[i], None, (), None, i) for i in keep]
         self.stats.pruned += len(usage) - len(kept)
         if plan_only:
             return kept, []
-        lb_tails = tails if self.training.zero == 0 else self._options(lo, hi, tails_only=True)
+        lb_tails = tails if self.training.zero == 0 else self._tail_options(lo, hi)
         return kept, self._lb_templates(lb_tails)
 
-    def _plan_usage(self) -> list[tuple[int, ...]]:
+    def _planskeleton_usage(self) -> list[tuple[int, ...]]:
         """GPU usage of every plan proto (computed once, per distinct skeleton)."""
         if self._plan_use is None:
             index: dict[tuple[BlockType, ...], tuple[int, ...]] = {}
             n_cls = len(self.classes)
             self._plan_use = [index[p.skeleton] if p.skeleton in index
-                              else index.setdefault(p.skeleton, _usage(p.skeleton, n_cls)) for p in self.plan_protos]
+                              else index.setdefault(p.skeleton, skeleton_usage(p.skeleton, n_cls)) for p in self.plan_protos]
         return self._plan_use
 
     def resolved(self, t: Template) -> Template:
@@ -391,118 +368,6 @@ class BlocksProvider:
             self._plan_stages[i] = tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
                                          for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges))
         return self._plan_stages[i]
-
-    @staticmethod
-    def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
-        """The batch a skeleton's frontier is computed in: its block type, or its two run types."""
-        kinds = tuple(dict.fromkeys(skeleton))
-        return kinds if len(kinds) <= 2 else None
-
-    def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
-                        ratio: float = 1.5, deadline: float | None = None
-                        ) -> tuple[list[Template], set[tuple[BlockType, ...]]]:
-        """Tighter bound templates for the skeletons of `groups`, and the
-        groups they cover (their `templates` bound templates are then superseded).
-
-        Each group's (A, C) frontiers are recomputed under caps e_0 < e_1 < ... (geometric, ratio
-        `ratio`, up to `e_cap`, then no cap) on every stage's tail for this class. A split with
-        largest tail E lies under cap e_j for the first e_j >= E, so a point of level j's frontier
-        has A and C no larger, while E > e_{j-1}: that point with tail max(E_min, e_{j-1}) (E_min
-        the skeleton's least possible largest tail) bounds the split."""
-        key = (lo, hi)
-        if key not in self._class_levels:  # kept across the rounds of one unit's refinement
-            tails = self._options(lo, hi if self.training.zero else lo, tails_only=True)
-            full = self._full_options(self._r_lb)
-            self._class_levels = {key: ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
-                                                          full[bt].act, full[bt].capacity) for bt in tails}, {})}
-        with_tails, cache = self._class_levels[key]
-        order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
-        missing = [g for g in order if (g, ratio) not in cache]
-        if missing:
-            found = self._level_frontiers(with_tails, missing, e_cap, ratio, deadline)
-            cache.update({(g, ratio): v for g, v in found.items() if v is not _LATE})
-        order = [g for g in order if (g, ratio) in cache]  # a group the deadline cut short stays as it was
-        n_cls = len(self.classes)
-        out: list[Template] = []
-        covered: set[tuple[BlockType, ...]] = set()
-        for g in order:
-            if cache[(g, ratio)] is None:
-                continue
-            covered.add(g)
-            levels, least, found = cache[(g, ratio)]
-            for (sk, j), points in found.items():
-                e_min = least.get(sk)
-                if e_min is None:
-                    continue
-                e = e_min if j == 0 else max(e_min, levels[j - 1])
-                out.extend(Template(_usage(sk, n_cls), a, c, e, None, (), sk) for a, c in points)
-        return out, covered
-
-    def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], groups: list[tuple[BlockType, ...]],
-                         e_cap: float, ratio: float,
-                         deadline: float | None = None) -> dict[tuple[BlockType, ...], object]:
-        """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}), or None
-        when no skeleton of it has a split; groups of identical layers in one batched sweep, the
-        others (e.g. measured, position-dependent layers) skeleton by skeleton with the general DP,
-        until `deadline` (groups it cuts short are `_LATE`: not covered, not cached)."""
-        bts = list(dict.fromkeys(bt for g in groups for bt in g))
-        opts, _, _ = pruned_options({bt: with_tails[bt] for bt in bts}, {bt: self.shapes[bt] for bt in bts},
-                                    use_tail=True)
-        views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
-        uniform = [g for g in groups if all(views[bt] is not None for bt in g)]
-        least_all = self._least_tails(with_tails, set(uniform)) if uniform else {}
-        members = self._group_skeletons()
-        out: dict[tuple[BlockType, ...], tuple | None] = {}
-        rows: list[tuple] = []
-        ecaps: list[float] = []
-        where: list[tuple[tuple[BlockType, ...], tuple[BlockType, ...], int]] = []  # (group, skeleton, level)
-        for g in groups:
-            general = g not in uniform
-            if general:
-                least = {sk: min_max_tail([with_tails[bt] for bt in sk]) for sk in members.get(g, [])}
-            else:
-                least = {sk: t for sk, t in least_all.items() if self.skeleton_group(sk) == g}
-            if not any(t is not None for t in least.values()):
-                out[g] = None
-                continue
-            e_lo = max(min(t for t in least.values() if t is not None), 1e-9)
-            e_top = min(e_cap, max(float(np.max(opts[bt].tail[np.isfinite(opts[bt].fb)], initial=0.0)) for bt in g))
-            levels = [e_lo * ratio ** k for k in range(int(math.log(max(e_top, e_lo) / e_lo) / math.log(ratio)) + 2)]
-            levels.append(INF)
-            out[g] = (levels, least, {})
-            if general:
-                for sk in members.get(g, []):
-                    if deadline is not None and time.perf_counter() > deadline:
-                        out[g] = _LATE
-                        break
-                    positions = [opts[bt] for bt in sk]
-                    for j, e in enumerate(levels):
-                        points = [(sp.a_s, sp.c_s) for sp in tail_capped_frontier(positions, e)]
-                        if points:
-                            out[g][2][(sk, j)] = points
-                continue
-            if len(g) == 1:
-                g_rows = [(g[0], s, g[0], 0) for s in sorted(set(self.runs[0].get(g[0], [])))]
-            else:
-                g_rows = [(g[0], k1, g[1], k2) for k1, k2 in sorted(set(self.runs[1].get(g, [])))]
-            for x, k1, y, k2 in g_rows:
-                for j, e in enumerate(levels):
-                    rows.append((x, k1, y, k2))
-                    ecaps.append(e)
-                    where.append((g, (x,) * k1 + (y,) * k2, j))
-        live = {bt: v for bt, v in views.items() if v is not None}
-        for i, points in batched_capped_points(live, rows, ecaps).items() if rows else ():
-            g, sk, j = where[i]
-            out[g][2][(sk, j)] = points
-        return out
-
-    def _group_skeletons(self) -> dict[tuple[BlockType, ...], list[tuple[BlockType, ...]]]:
-        """The skeletons of each group (`skeleton_group`), computed once."""
-        if self._groups is None:
-            self._groups = {}
-            for sk in self.skeletons:
-                self._groups.setdefault(self.skeleton_group(sk), []).append(sk)
-        return self._groups
 
     def _stage_rows(self) -> dict[BlockType, np.ndarray]:
         """Per block type, (proto, option, first, end) of every plan proto stage using it."""

@@ -111,3 +111,11 @@ def block_types(shapes_by_class: dict[int, list[StageShape]]) -> dict[BlockType,
         for shape in shapes:
             out.setdefault(BlockType(cls, shape.gpus), []).append(shape)
     return dict(sorted(out.items()))
+
+
+def skeleton_usage(skeleton: tuple[BlockType, ...], num_classes: int) -> tuple[int, ...]:
+    """GPUs of each resource class a pipeline of these stage groups uses."""
+    usage = [0] * num_classes
+    for bt in skeleton:
+        usage[bt.cls] += bt.gpus
+    return tuple(usage)
