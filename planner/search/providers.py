@@ -332,22 +332,27 @@ class BlocksProvider(TailLevels):
                                           for p, u in zip(self.lb_protos, usage)])
         return self._zero
 
-    def templates(self, lo: int, hi: int, plan_only: bool = False) -> tuple[list[Template], list[Template]]:
-        """Plan templates (tails for `lo` replicas) and bound templates for the class [lo, hi],
-        both pruned; `plan_only` leaves the bound set empty."""
-        tails = self._tail_options(lo, lo)
-        e_plan = self._plan_tails(tails).tolist()
-        usage = self._planskeleton_usage()
+    def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
+        """Plan templates and bound templates for the class [lo, hi] (`plan_templates`,
+        `bound_templates`)."""
+        return self.plan_templates(lo), self.bound_templates(lo, hi)
+
+    def plan_templates(self, replicas: int) -> list[Template]:
+        """Every plan proto with its tail costed for `replicas` pipelines, pruned; stages are
+        filled in only for the templates a plan uses (`resolved`)."""
+        e_plan = self._plan_tails(self._tail_options(replicas, replicas)).tolist()
+        usage = self._plan_usage()
         a, c = self._columns("plan")
         keep = pareto_indices(usage, a, c, e_plan)
-        kept = [Template(usage[i], a[i], c[i], e_plan[i], None, (), None, i) for i in keep]
-        self.stats.pruned += len(usage) - len(kept)
-        if plan_only:
-            return kept, []
-        lb_tails = tails if self.training.zero == 0 else self._tail_options(lo, hi)
-        return kept, self._lb_templates(lb_tails)
+        self.stats.pruned += len(usage) - len(keep)
+        return [Template(usage[i], a[i], c[i], e_plan[i], None, (), None, i) for i in keep]
 
-    def _planskeleton_usage(self) -> list[tuple[int, ...]]:
+    def bound_templates(self, lo: int, hi: int) -> list[Template]:
+        """Optimistic templates for the class [lo, hi]: per bound proto its skeleton's least
+        tail (sync for `lo` pipelines, optimizer states sharded over `hi` with ZeRO), pruned."""
+        return self._lb_templates(self._tail_options(lo, hi if self.training.zero else lo))
+
+    def _plan_usage(self) -> list[tuple[int, ...]]:
         """GPU usage of every plan proto (computed once, per distinct skeleton)."""
         if self._plan_use is None:
             index: dict[tuple[BlockType, ...], tuple[int, ...]] = {}

@@ -8,6 +8,7 @@ large pools, and turns an assignment into a scored candidate plan.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,15 +148,16 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
     cannot beat it."""
     provider = u.provider
     overhead = ctx.cost.knobs.step_overhead_s
-    plan_set, lb_set = provider.templates(u.lo, u.hi)
     problem_args = (ctx.avail, u.microbatches, (u.lo, u.hi))
     unit = SolverStats()  # this unit's flags; counts are added to ctx.stats
     if provider.coverage == "exact":
+        plan_set, lb_set = provider.templates(u.lo, u.hi)
         sol, lb = _solve_exact(plan_set, lb_set, problem_args, solver, start, time_limit, unit)
     else:
         incumbent = incumbent_s if incumbent_s is not None else min((c.step_s for c in ctx.candidates), default=None)
-        sol, lb = _solve_lp(plan_set, lb_set, problem_args, None if incumbent is None
-                            else incumbent - overhead, start, time_limit, unit)
+        lb_set = provider.bound_templates(u.lo, u.hi)
+        plan_set, sol, lb = _solve_lp(lambda: provider.plan_templates(u.lo), lb_set, problem_args,
+                                      None if incumbent is None else incumbent - overhead, start, time_limit, unit)
     ctx.explored["assignments"] += 1
     ctx.stats.ilp_solves += unit.ilp_solves
     ctx.stats.feasibility_checks += unit.feasibility_checks
@@ -171,9 +173,9 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
             # tails were costed for another pipeline count: re-solve with them costed for the
             # count chosen (any count of the class allowed), until the count repeats
             seen.add(copies)
-            exact_set, _ = provider.templates(copies, copies, plan_only=True)
-            again = _solve_lp(exact_set, exact_set, (ctx.avail, u.microbatches, (u.lo, u.hi)),
-                              None, start, time_limit, unit)[0]
+            exact_set = provider.plan_templates(copies)
+            again = _solve_lp(lambda: exact_set, None, (ctx.avail, u.microbatches, (u.lo, u.hi)),
+                              None, start, time_limit, unit)[1]
             if again is None or not any(again.counts):
                 break
             _add_candidate(exact_set, again, u, ctx)
@@ -245,21 +247,21 @@ def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args:
     return sol, lb
 
 
-def _solve_lp(plan_set: list[Template], lb_set: list[Template], problem_args: tuple,
+def _solve_lp(plan_set_of: Callable[[], list[Template]], lb_set: list[Template] | None, problem_args: tuple,
               incumbent_s: float | None, start: float, time_limit: float | None,
-              unit: SolverStats) -> tuple[Assignment | None, Assignment | None]:
-    """LP bound and rounded plan (large pools); classes that cannot beat the incumbent are only
-    bounded: the bound templates go first, and when their bound already reaches the incumbent no
-    plan is rounded (every plan template is dominated by a bound template)."""
+              unit: SolverStats) -> tuple[list[Template], Assignment | None, Assignment | None]:
+    """Plan templates, LP bound and rounded plan (large pools). Classes that cannot beat the
+    incumbent are only bounded: the bound templates go first, and when their bound already
+    reaches the incumbent the plan templates are never built (every plan template is dominated
+    by a bound template). Without `lb_set` the plan templates give both."""
     deadline = None if time_limit is None else start + time_limit
-    if lb_set is plan_set:
-        sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
-                                  deadline=deadline) if plan_set else None
-        return sol, sol
-    lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
-                             deadline=deadline, bound_only=True) if lb_set else None
-    if incumbent_s is not None and lb is not None and lb.bound_s >= incumbent_s / (1 + 1e-3):
-        return None, lb
+    lb = None
+    if lb_set is not None:
+        lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
+                                 deadline=deadline, bound_only=True) if lb_set else None
+        if incumbent_s is not None and lb is not None and lb.bound_s >= incumbent_s / (1 + 1e-3):
+            return [], None, lb
+    plan_set = plan_set_of()
     sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
                               deadline=deadline) if plan_set else None
-    return sol, lb
+    return plan_set, sol, (sol if lb_set is None else lb)
