@@ -1,10 +1,10 @@
 """`search`: the fastest plan for a model on a (mixed) cluster, with a lower bound and its gap.
 
-Outer loops: microbatch size b, then the number of pipelines R (exactly for R <= 8, in classes
-above). Inner problems: the layer split of every pipeline skeleton (`solvers.partition`, and
-`solvers.uniform_layers` / `solvers.two_runs` for identical decoder layers) and the choice of
-templates and microbatch counts (`solvers.assign` exactly, `solvers.assign_lp` on larger pools),
-one (b, replica class) unit at a time (`units`).
+Outer loops: microbatch size b, then the number of pipelines R (exactly for small R, in classes
+above: `replica_classes`). Inner problems: the layer split of every pipeline skeleton
+(`solvers.partition`, and `solvers.uniform_layers` / `solvers.two_runs` for identical decoder
+layers) and the choice of templates and microbatch counts (`solvers.assign` exactly,
+`solvers.assign_lp` on larger pools), one (b, replica class) unit at a time (`units`).
 
 Why the bound holds: for a replica class [lo, hi] the templates are costed with gradient sync for
 `lo` replicas (sync only grows with more replicas) and, with a distributed optimizer, with optimizer
@@ -209,7 +209,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         microbatches = training.global_batch // b
         r_max = min(microbatches, sum(avail) // min(bt.gpus for bt in type_list))
         # Exact coverage costs every replica count separately up to 8 (exactness); the blocks
-        # coverage groups them more coarsely (the bound absorbs the difference, see module doc).
+        # coverage groups them more coarsely, from 5 up (the bound absorbs the difference, see
+        # module doc; refinement splits the class whose bound is lowest).
         exact = provider.coverage == "exact"
         rclasses = (replica_classes(max(1, r_max)) if exact
                     else replica_classes(max(1, r_max), **BLOCKS_CLASSES))
