@@ -110,6 +110,20 @@ class _CapacityLP:
         return float(self._highs.getInfo().objective_function_value), x
 
 
+def unique_rows(usage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(usage, axis=0, return_inverse=True)` for non-negative integer rows, through one
+    mixed-radix key per row (lexicographic order preserved): the axis-0 form sorts a structured
+    view and was a hot spot."""
+    rows, cols = usage.shape
+    base = int(usage.max(initial=0)) + 1
+    if rows == 0 or base ** max(cols, 1) >= 2 ** 62:
+        found, inverse = np.unique(usage, axis=0, return_inverse=True)
+        return found, inverse.reshape(-1)
+    weights = base ** np.arange(cols - 1, -1, -1, dtype=np.int64)
+    _, first, inverse = np.unique(usage @ weights, return_index=True, return_inverse=True)
+    return usage[first], inverse.reshape(-1)
+
+
 def _root(p: AssignProblem, allowed: np.ndarray, copies: np.ndarray, lo: float, hi: float) -> float:
     """Least T in [lo, hi] at which these (fractional, per-template) copies hold M microbatches;
     `hi` must reach it. Bisection on a cheap monotone function (only the copies' templates are
@@ -193,8 +207,8 @@ def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_
     the LP shows that no plan exists. `floor`: a known lower bound on it (see `_lp_time`), e.g.
     the bound of the same templates with more pipelines allowed."""
     stats = stats or SolverStats()
-    usage, of = np.unique(p.usage, axis=0, return_inverse=True)
-    lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
+    usage, of = unique_rows(p.usage)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
     return _lp_time(p, lp, np.ones(len(p.a_s), dtype=bool), None, rel_tol, floor)
 
 
@@ -204,8 +218,8 @@ def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
     largest tail), over up to `max_levels` tail levels: where a bound of about `total_s` comes from.
     Only a guide for refining templates; no bound relies on it."""
     stats = stats or SolverStats()
-    usage, of = np.unique(p.usage, axis=0, return_inverse=True)
-    lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
+    usage, of = unique_rows(p.usage)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
     levels = np.unique(p.e_s[p.e_s < total_s])
     if len(levels) > max_levels:
         levels = levels[np.unique(np.linspace(0, len(levels) - 1, max_levels).round().astype(int))]
@@ -321,8 +335,8 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
     plan exists. With `incumbent_s`, tail levels that cannot beat it are only bounded, and when no
     level can, the result has no copies (`counts` all zero) and only `bound_s` is meaningful."""
     stats = stats or SolverStats()
-    usage, of = np.unique(p.usage, axis=0, return_inverse=True)
-    lp = _CapacityLP(usage, of.reshape(-1), p.avail, min(p.replicas[1], p.microbatches), stats)
+    usage, of = unique_rows(p.usage)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
     levels = np.unique(p.e_s)
     memo: dict[int, float | None] = {}
     best: Assignment | None = None

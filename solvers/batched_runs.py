@@ -23,7 +23,7 @@ import numpy as np
 
 from solvers.partition import Split
 from solvers.two_runs import Point
-from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _shift_index, parametric_frontiers
+from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _minmax_conv, parametric_frontiers
 
 Row = tuple[Hashable, int, Hashable, int]  # (x, k1, y, k2): k1 stages of type x, then k2 of type y
 
@@ -78,7 +78,6 @@ class _Batch:
         order = order[np.argsort(-total[order], kind="stable")]  # rows still in the DP: a prefix
         x, y, k2, tot = arr[order, 0], arr[order, 2], arr[order, 3], total[order]
         cap = caps[order][:, None]
-        index = _shift_index(big_n)
         value = self.last.fb[1, y]
         value = np.where(value <= cap, value, INF)  # (B, D): r stages covering the last k decoders
         rest = big_n - np.arange(big_n + 1)
@@ -86,10 +85,9 @@ class _Batch:
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:
-                on_top = (r > k2[:active])[:, None]
-                stage = np.where(on_top, self.mid.fb[r, x[:active]], self.mid.fb[r, y[:active]])
+                stage = self.mid.fb[r, np.where(r > k2[:active], x[:active], y[:active])]
                 stage = np.where(stage <= cap[:active], stage, INF)
-                value, arg_d = _conv(stage, value[:active], index)
+                value, arg_d = _conv(stage, value[:active])
                 trace.append(arg_d)
             done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
             if not len(done):
@@ -221,14 +219,12 @@ def coded_min_max_tails(views: list[UniformView], codes: RowCodes) -> np.ndarray
     first = _least_tail([v.first for v in views], caps, flights)
     mid = _least_tail([v.mid for v in views], caps, flights)
     value = _least_tail([v.last for v in views], caps, 1)[1, y]  # (B, D)
-    index = _shift_index(big_n)
     rest = big_n - np.arange(big_n + 1)
     for r in range(1, flights):
         active = int(np.count_nonzero(tot > r))
         if r >= 2:
-            stage = np.where((r > k2[:active])[:, None], mid[r, x[:active]], mid[r, y[:active]])
-            padded = np.concatenate([value[:active], np.full((active, 1), INF)], axis=1)[:, index]
-            value = np.min(np.maximum(stage[:, None, :], padded), axis=2)
+            stage = mid[r, np.where(r > k2[:active], x[:active], y[:active])]
+            value = _minmax_conv(stage, value[:active])
         done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
         if len(done):
             out[order[done]] = np.min(np.maximum(first[r + 1, x[done]], value[done][:, rest]), axis=1)
@@ -287,7 +283,6 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
     last = _padded([v.last for v in vs], caps_mem, 1)
     whole = _padded([v.whole for v in vs], caps_mem, 1)
     big_n = vs[0].decoders
-    index = _shift_index(big_n)
     rest = big_n - np.arange(big_n + 1)
     k_idx = np.arange(big_n + 1)[None, :]
 
@@ -312,10 +307,9 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:
-                on_top = (r > k2[:active])[:, None]
-                stage = np.where(on_top, _capped_least(mid, r, x[:active], cap[:active], e[:active]),
-                                 _capped_least(mid, r, y[:active], cap[:active], e[:active]))
-                value, arg_d = _conv(stage, value[:active], index)
+                kinds = np.where(r > k2[:active], x[:active], y[:active])  # stage r from the end
+                stage = _capped_least(mid, r, kinds, cap[:active], e[:active])
+                value, arg_d = _conv(stage, value[:active])
                 cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
                                   np.take_along_axis(cmax[:active], np.clip(k_idx - arg_d, 0, big_n), axis=1))
             done = np.arange(int(np.count_nonzero(tot > r + 1)), active)

@@ -36,7 +36,6 @@ def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, i
     """Least-A split of each row (k1, k2) under its F+B cap (and tail cap); with `points_only`
     just its (A, C), tracked through the DP instead of recovered."""
     big_n = top.decoders
-    index = _shift_index(big_n)
     k2s = np.array([k2 for _, k2 in rows])
     total = np.array([k1 + k2 for k1, k2 in rows])
     value, last_o = _best(bottom.last, 1, caps, bottom.capacity, ecaps)
@@ -50,7 +49,7 @@ def _chain_splits(top: UniformView, bottom: UniformView, rows: list[tuple[int, i
             fb_b, o_b = _best(bottom.mid, r, caps, bottom.capacity, ecaps)
             fb_t, o_t = _best(top.mid, r, caps, top.capacity, ecaps)
             stage = np.where(on_top[:, None], fb_t, fb_b)
-            value, arg_d = _conv(stage, value, index)
+            value, arg_d = _conv(stage, value)
             if points_only:
                 cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
                                   np.take_along_axis(cmax, np.clip(k_idx - arg_d, 0, big_n), axis=1))

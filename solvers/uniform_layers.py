@@ -141,16 +141,35 @@ def _shift_index(big_n: int) -> np.ndarray:
     return np.where(k < d, big_n + 1, k - d)
 
 
-def _conv(stage: np.ndarray, rest: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(min, +) convolution per batch row: out[b, k] = min_d stage[b, d] + rest[b, k - d]. Only
-    d up to the last one any row can take is scanned (bottleneck caps keep stages short); the
-    result and its argmin (first least d) are those of the full scan."""
+def _conv(stage: np.ndarray, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(min, +) convolution per batch row: out[b, k] = min_d stage[b, d] + rest[b, k - d], and its
+    argmin (the first least d). Only d up to the last one any row can take is scanned (bottleneck
+    caps keep stages short). One pass per d over shifted slices: 2-3x faster than gathering every
+    (k, d) pair at once."""
+    rows, width = rest.shape
+    out = np.full((rows, width), INF)
+    arg = np.zeros((rows, width), dtype=np.int64)
+    for d in range(_scan_width(stage, width)):
+        cand = stage[:, d:d + 1] + rest[:, :width - d]
+        better = cand < out[:, d:]  # strict: ties keep the smaller d
+        np.copyto(out[:, d:], cand, where=better)
+        np.copyto(arg[:, d:], d, where=better)
+    return out, arg
+
+
+def _minmax_conv(stage: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """(min, max) convolution per batch row: out[b, k] = min_d max(stage[b, d], rest[b, k - d])."""
+    rows, width = rest.shape
+    out = np.full((rows, width), INF)
+    for d in range(_scan_width(stage, width)):
+        np.minimum(out[:, d:], np.maximum(stage[:, d:d + 1], rest[:, :width - d]), out=out[:, d:])
+    return out
+
+
+def _scan_width(stage: np.ndarray, width: int) -> int:
+    """One past the largest d any row can take (a finite entry), at most `width`."""
     live = np.flatnonzero(np.isfinite(stage).any(axis=0))
-    w = int(live[-1]) + 1 if len(live) else 1
-    padded = np.concatenate([rest, np.full((rest.shape[0], 1), INF)], axis=1)
-    total = stage[:, None, :w] + padded[:, index[:, :w]]
-    arg = np.argmin(total, axis=2)
-    return np.take_along_axis(total, arg[:, :, None], axis=2)[:, :, 0], arg
+    return min(int(live[-1]) + 1, width) if len(live) else 0
 
 
 def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarray,
@@ -159,7 +178,6 @@ def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarra
     cap `caps[b]` on F+B and, when given, `ecaps[b]` on every stage's tail."""
     big_n, cap = view.decoders, view.capacity
     counts = np.asarray(stage_counts)
-    index = _shift_index(big_n)
     out: list[Split | None] = [None] * len(stage_counts)
     row_e = None if ecaps is None else np.asarray(ecaps, dtype=float)
     ones = np.flatnonzero(counts == 1)
@@ -180,7 +198,7 @@ def _splits_for_caps(view: UniformView, stage_counts: list[int], caps: np.ndarra
     for r in range(1, int(row_s.max())):
         if r >= 2:
             mid_fb, mid_o = _best(view.mid, r, row_caps, cap, row_ecaps)
-            value, arg_d = _conv(mid_fb, value, index)
+            value, arg_d = _conv(mid_fb, value)
             trace.append((arg_d, mid_o))
         done = np.flatnonzero(row_s == r + 1)
         if not len(done):

@@ -102,3 +102,15 @@ def test_lp_time_floor_keeps_the_bound(seed: int) -> None:
         assert hinted is not None and abs(hinted - plain) <= 2e-4 * plain
         if best is not None:
             assert hinted <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unique_rows_matches_numpy_unique_on_rows(seed: int) -> None:
+    from solvers.assign_lp import unique_rows
+
+    rng = np.random.default_rng(seed)
+    high = int(rng.choice([2, 9, 300, 20000]))
+    usage = rng.integers(0, high, (int(rng.integers(1, 40)), int(rng.integers(1, 5)))).astype(np.int64)
+    found, inverse = unique_rows(usage)
+    want, want_inverse = np.unique(usage, axis=0, return_inverse=True)
+    assert np.array_equal(found, want) and np.array_equal(inverse, want_inverse.reshape(-1))

@@ -8,6 +8,7 @@ of caps on every stage's tail, so each level's points carry a tail close to what
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -35,6 +36,7 @@ class TailLevels:
     _uniform: dict[BlockType, bool]
 
     @staticmethod
+    @functools.lru_cache(maxsize=1 << 16)  # asked once per template and refinement round
     def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
         """The batch a skeleton's frontier is computed in: its block type, or its two run types."""
         kinds = tuple(dict.fromkeys(skeleton))
