@@ -165,9 +165,11 @@ def _deal(p: AssignProblem, counts: np.ndarray, caps: np.ndarray) -> tuple[tuple
         m = mbs[(t, r)]
         if m < caps[t]:
             heapq.heappush(heap, (float(p.a_s[t] + m * p.c_s[t]), t, r))
-    per_t = tuple(tuple(mbs[(t, r)] for r in range(int(counts[t]))) for t in range(len(counts)))
+    per_t: list[tuple[int, ...]] = [()] * len(counts)  # most templates have no copy
+    for t in np.flatnonzero(counts).tolist():
+        per_t[t] = tuple(mbs[(t, r)] for r in range(int(counts[t])))
     pipe = max(p.a_s[t] + (m - 1) * p.c_s[t] for (t, _), m in mbs.items())
-    return per_t, float(pipe)
+    return tuple(per_t), float(pipe)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.assign import AssignProblem, Assignment, SolverStats, _caps, _deal
+from solvers.small_lp import SmallLP
 
 
 def _kappa(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
@@ -45,14 +46,10 @@ class _CapacityLP:
     stats: SolverStats
 
     def __post_init__(self) -> None:
-        import highspy
-
-        from solvers.quiet import quiet_stdout
-
-        with quiet_stdout():
-            self._highs = highspy.Highs()
-        self._highs.setOptionValue("output_flag", False)
-        self._highspy = highspy
+        order = np.argsort(self.of, kind="stable")
+        self._order = order  # templates grouped by usage group, for `best_per_group`
+        self._starts = np.flatnonzero(np.r_[True, np.diff(self.of[order]) != 0])
+        self._lp: SmallLP | None = None
 
     def nonzero_usage(self) -> list[list[tuple[int, int]]]:
         """Per template, its (class, GPUs) pairs with GPUs > 0 (computed once)."""
@@ -64,50 +61,22 @@ class _CapacityLP:
     def best_per_group(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Largest capacity of each usage group and the (lowest-index) template reaching it."""
         n_groups = self.usage.shape[0]
-        best = np.zeros(n_groups)
-        np.maximum.at(best, self.of, caps)
+        best = np.maximum(np.maximum.reduceat(caps[self._order], self._starts), 0.0)
         rep = np.full(n_groups, -1)
         hit = np.flatnonzero((caps == best[self.of]) & (caps > 0))[::-1]
         rep[self.of[hit]] = hit
         return best, rep
 
-    def _build(self) -> None:
-        """One model for the whole problem; each solve only changes the objective, so HiGHS starts
-        from the previous basis."""
-        hs = self._highspy
-        n_cols, k = self.usage.shape
-        lp = hs.HighsLp()
-        lp.num_col_ = int(n_cols)
-        lp.num_row_ = k + 1
-        lp.col_cost_ = np.zeros(n_cols)
-        lp.col_lower_ = np.zeros(n_cols)
-        lp.col_upper_ = np.full(n_cols, hs.kHighsInf)
-        lp.row_lower_ = np.full(k + 1, -hs.kHighsInf)
-        lp.row_upper_ = np.append(self.avail.astype(float), float(self.max_copies))
-        matrix = np.hstack([self.usage.astype(float), np.ones((n_cols, 1))])  # (cols, rows)
-        lp.a_matrix_.format_ = hs.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = np.arange(0, (k + 1) * n_cols + 1, k + 1)
-        lp.a_matrix_.index_ = np.tile(np.arange(k + 1), n_cols)
-        lp.a_matrix_.value_ = matrix.reshape(-1)
-        lp.sense_ = hs.ObjSense.kMaximize
-        self._highs.passModel(lp)
-        self._built = True
-
     def solve(self, group_caps: np.ndarray) -> tuple[float, np.ndarray]:
-        """LP optimum and copy counts per group."""
+        """LP optimum and copy counts per group (`solvers.small_lp`, warm-started from the last
+        solve: only the objective changes)."""
         if not np.any(group_caps > 0):
             return 0.0, np.zeros(len(group_caps))
-        if not getattr(self, "_built", False):
-            self._build()
-        hs = self._highspy
-        n_cols = len(group_caps)
-        self._highs.changeColsCost(n_cols, np.arange(n_cols, dtype=np.int32), group_caps.astype(float))
-        self._highs.run()
+        if self._lp is None:
+            rows = np.vstack([self.usage.T, np.ones((1, self.usage.shape[0]))])
+            self._lp = SmallLP(rows, np.append(self.avail.astype(float), float(self.max_copies)))
         self.stats.ilp_solves += 1
-        if self._highs.getModelStatus() != hs.HighsModelStatus.kOptimal:
-            raise RuntimeError(f"HiGHS LP status {self._highs.getModelStatus()}")
-        x = np.asarray(self._highs.getSolution().col_value, dtype=float)
-        return float(self._highs.getInfo().objective_function_value), x
+        return self._lp.solve(group_caps)
 
 
 def unique_rows(usage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
