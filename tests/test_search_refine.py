@@ -84,9 +84,13 @@ def test_refinement_raises_the_bound_and_keeps_the_plan() -> None:
     assert refined.lower_bound_s > plain.lower_bound_s * (1 + 1e-4)
 
 
-def test_worker_processes_do_not_change_the_answer() -> None:
-    one = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=1)
-    two = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=2)
+@pytest.mark.parametrize("micro_batches", [None, (2,)])
+def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...] | None) -> None:
+    """Also with one microbatch size, whose frontier work is then split in parts
+    (`parallel.frontier_parts`)."""
+    training = BIG_TRAINING.model_copy(update={"micro_batches": micro_batches})
+    one = search(BIG_MODEL, BIG_CLUSTER, training, cost=COST, workers=1)
+    two = search(BIG_MODEL, BIG_CLUSTER, training, cost=COST, workers=2)
     assert two.plan.to_json() == one.plan.to_json()
     assert two.lower_bound_s == one.lower_bound_s
     assert {k: v for k, v in two.stats.items() if k != "search_s"} == {k: v for k, v in one.stats.items()
