@@ -326,7 +326,7 @@ def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitP
             ctx.explored["units_split"] += 1
             continue
         batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
-        pool.refine(batch, deadline)
+        pool.refine(batch, deadline, goal_s=best / (1 + target))
         ctx.explored["units_refined"] += len(batch)
 
 

@@ -187,11 +187,12 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
                 ratio: float = REFINE_RATIOS[0], max_rounds: int = 6) -> None:
     """Tighten a solved unit's bound: the skeleton groups the LP bound leans on get tail-capped
     frontiers (`BlocksProvider.level_templates`, levels `ratio` apart), round after round until the
-    LP uses no group not yet refined at this ratio. Every round's template set is valid, so the
-    bound only rises."""
+    LP uses no group not yet refined at this ratio, or the bound is within the LP's tolerance of
+    `incumbent_s` (the best plan, or a lower goal: then only that much is proved). Every round's
+    template set is valid, so the bound only rises."""
     provider, u = su.unit.provider, su.unit
     su.ratio = ratio
-    if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s:
+    if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s / (1 + 2e-3):
         return
     overhead = ctx.cost.knobs.step_overhead_s
     lb_set, done = su.lb_set, set()
@@ -220,7 +221,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
             break
         su.bound_s = max(su.bound_s, (lb.bound_s + overhead) * (1 - 1e-9))
         su.lb_set = lb_set
-        if su.bound_s >= incumbent_s:
+        if su.bound_s >= incumbent_s / (1 + 2e-3):  # as far as the LP's tolerance goes
             break
 
 
