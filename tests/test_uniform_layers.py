@@ -153,3 +153,27 @@ def test_an_expired_budget_keeps_each_rows_least_a_split() -> None:
     for s, points in cut.items():
         assert len(points) == 1
         assert points[0].a_s == pytest.approx(min(p.a_s for p in full[s]), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_convolutions_match_a_direct_scan(seed: int) -> None:
+    """(min, +) with its first argmin, and (min, max), against the definition, +inf entries included."""
+    from solvers.uniform_layers import INF, _conv, _minmax_conv
+
+    rng = np.random.default_rng(seed)
+    rows, width = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    stage = rng.integers(0, 4, (rows, width)).astype(float)
+    rest = rng.integers(0, 4, (rows, width)).astype(float)
+    stage[rng.random(stage.shape) < 0.3] = INF
+    rest[rng.random(rest.shape) < 0.3] = INF
+    if seed % 2:  # stages longer than some d never fit: the scan stops there
+        stage[:, int(rng.integers(0, width)):] = INF
+    out, arg = _conv(stage, rest)
+    least = _minmax_conv(stage, rest)
+    for b in range(rows):
+        for k in range(width):
+            sums = [stage[b, d] + rest[b, k - d] for d in range(k + 1)]
+            assert out[b, k] == min(sums)
+            if min(sums) < INF:
+                assert arg[b, k] == sums.index(min(sums))
+            assert least[b, k] == min(max(stage[b, d], rest[b, k - d]) for d in range(k + 1))
