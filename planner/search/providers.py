@@ -20,7 +20,7 @@ import numpy as np
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options, pruned_options
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
-from planner.search.tail_levels import TailLevels
+from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -61,9 +61,6 @@ def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) ->
     if max_blocks >= 2 and max_mixed_len is not None and max_mixed_len < num_slots:
         return f"blocks<={max_blocks},mixed<={max_mixed_len}"
     return f"blocks<={max_blocks}"
-
-
-TAIL_CACHE = 4  # replica classes whose stage tails a provider keeps
 
 
 @dataclass(frozen=True)

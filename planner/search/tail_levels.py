@@ -22,12 +22,13 @@ from solvers.partition import StageOptions, min_max_tail, tail_capped_frontier
 from solvers.uniform_layers import INF, uniform_view
 
 _LATE = object()  # a group whose tail-capped levels the deadline cut short
+TAIL_CACHE = 4  # replica classes whose stage tails (and tail-capped levels) a provider keeps
 
 
 class TailLevels:
     """The tail-capped levels of `BlocksProvider` (a mixin: it reads the provider's shapes,
     classes, skeleton rows, stage options and uniform views, and keeps the levels of the class it
-    last refined in `_class_levels`)."""
+    last refined in `_class_levels`, a few classes deep)."""
 
     shapes: dict[BlockType, list[StageShape]]
     skeletons: list[tuple[BlockType, ...]]
@@ -53,12 +54,17 @@ class TailLevels:
         largest tail E lies under cap e_j for the first e_j >= E, so a point of level j's frontier
         has A and C no larger, while E > e_{j-1}: that point with tail max(E_min, e_{j-1}) (E_min
         the skeleton's least possible largest tail) bounds the split."""
-        key = (lo, hi)
-        if key not in self._class_levels:  # kept across the rounds of one unit's refinement
-            tails = self._tail_options(lo, hi if self.training.zero else lo)
+        # keyed by what the tails are costed for: the rounds of one unit's refinement, and the lower
+        # part of a split class (same lowest count), reuse the levels; any levels are valid, e_cap
+        # only sets how fine they are
+        key = (lo, hi if self.training.zero else lo)
+        if key not in self._class_levels:
+            if len(self._class_levels) >= TAIL_CACHE:
+                self._class_levels.pop(next(iter(self._class_levels)))
+            tails = self._tail_options(*key)
             full = self._full_options(self._r_lb)
-            self._class_levels = {key: ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
-                                                          full[bt].act, full[bt].capacity) for bt in tails}, {}, {})}
+            self._class_levels[key] = ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
+                                                         full[bt].act, full[bt].capacity) for bt in tails}, {}, {})
         with_tails, cache, pruned = self._class_levels[key]
         order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
         missing = [g for g in order if (g, ratio) not in cache]
