@@ -21,7 +21,8 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.search.units import SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit, solve_unit
+from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit,
+                                  solve_unit)
 from solvers.assign import SolverStats
 
 UNIT_BATCH = 2  # units solved (or refined) between updates of the best plan; fixed for determinism
@@ -219,9 +220,7 @@ class UnitPool:
         best plan, or only up to `goal_s` when lower (a bound past what the gap target needs is
         work the answer does not use)."""
         best = min(c.step_s for c in self.ctx.candidates)
-        # the LP stops within its 0.1 % tolerance of the cut: a cut 0.2 % above the goal leaves
-        # refined bounds at or above the goal
-        best = best if goal_s is None else min(best, goal_s * (1 + 2e-3))
+        best = best if goal_s is None else min(best, goal_s * (1 + CUT_SLACK))  # bounds end >= goal
         ratios = [su.next_ratio() for su in sus]
         outs, _ = self._map(_refine_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s,
                                             su.lb_set, best, deadline, r) for su, r in zip(sus, ratios)])

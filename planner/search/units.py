@@ -80,6 +80,9 @@ class UnitContext:
 
 
 REFINE_RATIOS = (1.5, 1.15, 1.05)  # tail-level ratios of a unit's successive refinements
+# The refinement LP stops within its 0.1 % tolerance of the cut it is given: a bound within this
+# slack of the cut counts as reached, and a cut this far above a goal leaves bounds at the goal.
+CUT_SLACK = 2e-3
 
 
 @dataclass(slots=True)
@@ -192,7 +195,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     template set is valid, so the bound only rises."""
     provider, u = su.unit.provider, su.unit
     su.ratio = ratio
-    if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s / (1 + 2e-3):
+    if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s / (1 + CUT_SLACK):
         return
     overhead = ctx.cost.knobs.step_overhead_s
     lb_set, done = su.lb_set, set()
@@ -221,7 +224,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
             break
         su.bound_s = max(su.bound_s, (lb.bound_s + overhead) * (1 - 1e-9))
         su.lb_set = lb_set
-        if su.bound_s >= incumbent_s / (1 + 2e-3):  # as far as the LP's tolerance goes
+        if su.bound_s >= incumbent_s / (1 + CUT_SLACK):  # as far as the LP's tolerance goes
             break
 
 
