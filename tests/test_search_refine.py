@@ -86,8 +86,8 @@ def test_refinement_raises_the_bound_and_keeps_the_plan() -> None:
 
 @pytest.mark.parametrize("micro_batches", [None, (2,)])
 def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...] | None) -> None:
-    """Also with one microbatch size, whose frontier work is then split in parts
-    (`parallel.frontier_parts`)."""
+    """Five microbatch sizes on two workers (the last size's frontier split in two) and one size
+    (split in two) alike (`parallel.frontier_parts`)."""
     training = BIG_TRAINING.model_copy(update={"micro_batches": micro_batches})
     one = search(BIG_MODEL, BIG_CLUSTER, training, cost=COST, workers=1)
     two = search(BIG_MODEL, BIG_CLUSTER, training, cost=COST, workers=2)
@@ -95,6 +95,19 @@ def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...
     assert two.lower_bound_s == one.lower_bound_s
     assert {k: v for k, v in two.stats.items() if k != "search_s"} == {k: v for k, v in one.stats.items()
                                                                       if k != "search_s"}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_frontier_parts_give_every_worker_as_many_tasks(workers: int) -> None:
+    from planner.search.parallel import frontier_parts
+
+    assert frontier_parts(0, workers) == []
+    for sizes in range(1, 8):
+        parts = frontier_parts(sizes, workers)
+        assert len(parts) == sizes and min(parts) >= 1
+        assert sum(parts) % workers == 0 and sum(parts) < sizes + workers  # fewest extra parts
+        assert parts == sorted(parts)  # the extra parts go to the last sizes
+    assert frontier_parts(5, 2) == [1, 1, 1, 1, 2]
 
 
 def test_search_is_callable_and_stays_a_package() -> None:
