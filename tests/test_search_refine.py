@@ -196,3 +196,19 @@ def test_replica_classes_cover_every_count_once(r_max: int) -> None:
     assert all(lo == hi for lo, hi in exact if lo <= 8)
     assert [c for c in blocks if c[0] > 4] == [(lo, hi) for lo, hi in ((5, min(8, r_max)), (9, r_max)) if lo <= r_max]
     assert all(hi <= max(lo, int(lo * 1.1)) for lo, hi in exact)
+
+
+def test_collections_are_deferred_while_a_search_runs_and_restored_after() -> None:
+    import gc
+
+    from planner.errors import HetplanError
+    from planner.search.api import GC_GEN0_THRESHOLD
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+    search(MODEL, CLUSTER, TRAINING, cost=COST, progress=lambda *_: seen.append(gc.get_threshold()))
+    assert seen and all(t[0] >= GC_GEN0_THRESHOLD and t[1:] == before[1:] for t in seen)
+    assert gc.get_threshold() == before
+    with pytest.raises(HetplanError):
+        search(MODEL, CLUSTER, TRAINING.model_copy(update={"schedule": "gpipe"}), cost=COST)
+    assert gc.get_threshold() == before  # restored on errors too

@@ -81,3 +81,20 @@ def test_a_wide_class_is_re_solved_at_the_pipeline_count_it_chose() -> None:
     assert all(2 <= k <= 24 for k in counts)
     assert min(c.step_s for c in ctx.candidates) < ctx.candidates[0].step_s
     assert ctx.solved[0].bound_s <= min(c.step_s for c in ctx.candidates)
+
+
+def test_packed_templates_unpack_to_equal_templates() -> None:
+    """Bound templates travel between processes as columns (`templates.PackedTemplates`); what
+    comes out must be the same templates, floats bit for bit, skeletons and stages included."""
+    import pickle
+
+    from planner.search.templates import PackedTemplates
+
+    provider, _ = _provider(2)
+    _, lb_set = provider.templates(2, 3)
+    plan_set = [provider.resolved(t) for t in provider.plan_templates(2)[:5]]
+    assert lb_set and all(t.skeleton is not None for t in lb_set) and all(t.stages for t in plan_set)
+    for templates in (lb_set, plan_set, lb_set[:1] + plan_set[:1], []):
+        back = pickle.loads(pickle.dumps(PackedTemplates.of(templates))).unpack()
+        assert back == templates
+        assert [type(t.usage[0]) for t in back] == [int] * len(back)

@@ -17,9 +17,12 @@ classes a time limit left unsolved are covered by the fluid compute bound (`boun
 
 from __future__ import annotations
 
+import functools
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
@@ -127,6 +130,28 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
     return fluid_bound_s(work, gpus, training.global_batch // micro_batch) + cost.knobs.step_overhead_s
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+GC_GEN0_THRESHOLD = 50_000  # allocations between young collections while a search runs (CPython: 700)
+
+
+def _deferred_gc(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run `fn` with young-generation collections 70x rarer, then restore the thresholds. The search
+    allocates millions of small acyclic objects (split tuples, templates) and the default threshold
+    rescans them all again and again: 0.4-0.6 s of 4-5.5 s at 32-64 GPUs, as much as disabling
+    the collector saves. Collections still run; forked workers inherit the setting."""
+    @functools.wraps(fn)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        old = gc.get_threshold()
+        gc.set_threshold(max(old[0], GC_GEN0_THRESHOLD), *old[1:])
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.set_threshold(*old)
+    return run
+
+
+@_deferred_gc
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
            exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, top_k: int = 3,

@@ -21,6 +21,7 @@ import multiprocessing as mp
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from planner.search.templates import PackedTemplates, Template
 from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit,
                                   solve_unit)
 from solvers.assign import SolverStats
@@ -136,7 +137,7 @@ def _solve_task(args: tuple[int, int, int, float | None]) -> _Outcome:
                     explored={"assignments": 0}, solved=[])
     pruned = u.provider.stats.pruned
     timed_out = solve_unit(u, local, _SEARCH.solver, _SEARCH.start, _SEARCH.time_limit, incumbent_s)
-    return _Outcome(local.candidates, local.bounds, [(s.bound_s, s.lb_set) for s in local.solved],
+    return _Outcome(local.candidates, local.bounds, [(s.bound_s, _packed(s.lb_set)) for s in local.solved],
                     local.unsolved_sizes, local.stats, local.explored["assignments"],
                     u.provider.stats.pruned - pruned, timed_out)
 
@@ -145,9 +146,16 @@ def _refine_task(args: tuple[int, int, int, float, list, float, float | None, fl
     assert _SEARCH is not None
     index, lo, hi, bound_s, lb_set, incumbent_s, deadline, ratio = args
     local = replace(_SEARCH.ctx, stats=SolverStats())
-    mine = SolvedUnit(bound_s, _unit(index, lo, hi), lb_set)
+    templates = lb_set.unpack() if isinstance(lb_set, PackedTemplates) else lb_set
+    mine = SolvedUnit(bound_s, _unit(index, lo, hi), templates)
     refine_unit(mine, local, incumbent_s, deadline, ratio)
-    return mine.bound_s, local.stats.ilp_solves, mine.lb_set
+    return mine.bound_s, local.stats.ilp_solves, _packed(mine.lb_set)
+
+
+def _packed(templates: list[Template] | PackedTemplates) -> PackedTemplates:
+    """A solved unit's bound templates as they travel to and from workers and wait in the parent
+    (which never reads them): columns, not objects."""
+    return templates if isinstance(templates, PackedTemplates) else PackedTemplates.of(templates)
 
 
 class UnitPool:

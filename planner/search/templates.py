@@ -213,3 +213,40 @@ def pareto_indices(usage: list[tuple[int, ...]], a: list[float], c: list[float],
                     break
                 e_min[k] = ei
     return out
+
+
+@dataclass(frozen=True)
+class PackedTemplates:
+    """A template list as columns, to hand between processes: the thousands of bound templates a
+    solved unit keeps for its refinement pickle as a few arrays instead of as objects (64 GPUs:
+    about 0.8 MB per batch of two units, 0.04-0.12 s to unpickle as objects). `unpack` gives back
+    templates equal to the packed ones."""
+
+    usage: np.ndarray  # (n, classes)
+    times: np.ndarray  # (n, 3): a_s, c_s, e_s
+    max_microbatches: np.ndarray  # -1: None
+    proto: np.ndarray  # -1: None
+    skeleton: np.ndarray  # index into `skeletons`, -1: None
+    skeletons: list[tuple]
+    stages: list[tuple[TemplateStage, ...]] | None  # None: every template has none
+
+    @classmethod
+    def of(cls, templates: list[Template]) -> PackedTemplates:
+        index: dict[tuple, int] = {}
+        sk = [-1 if t.skeleton is None else index.setdefault(t.skeleton, len(index)) for t in templates]
+        width = len(templates[0].usage) if templates else 0
+        return cls(np.array([t.usage for t in templates], dtype=np.int64).reshape(len(templates), width),
+                   np.array([(t.a_s, t.c_s, t.e_s) for t in templates], dtype=float).reshape(len(templates), 3),
+                   np.array([-1 if t.max_microbatches is None else t.max_microbatches for t in templates], dtype=np.int64),
+                   np.array([-1 if t.proto is None else t.proto for t in templates], dtype=np.int64),
+                   np.array(sk, dtype=np.int64), list(index),
+                   [t.stages for t in templates] if any(t.stages for t in templates) else None)
+
+    def unpack(self) -> list[Template]:
+        n = len(self.proto)
+        stages = self.stages if self.stages is not None else [()] * n
+        skeletons = [*self.skeletons, None]  # index -1: None
+        return [Template(tuple(u), a, c, e, None if m < 0 else m, st, skeletons[k], None if p < 0 else p)
+                for u, (a, c, e), m, st, k, p in zip(self.usage.tolist(), self.times.tolist(),
+                                                     self.max_microbatches.tolist(), stages,
+                                                     self.skeleton.tolist(), self.proto.tolist())]

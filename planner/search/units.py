@@ -18,7 +18,7 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
-from planner.search.templates import Template, count_two_run_skeletons, prune_templates
+from planner.search.templates import PackedTemplates, Template, count_two_run_skeletons, prune_templates
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -89,11 +89,12 @@ CUT_SLACK = 2e-3
 class SolvedUnit:
     """A solved unit's bound (step, overhead included) and the bound templates it came from, kept
     so the bound can be tightened later (`refine_unit`), with the tail-level ratio it was last
-    refined at (None: not yet)."""
+    refined at (None: not yet). Between worker processes the templates wait packed
+    (`parallel`); `refine_unit` reads them as a list."""
 
     bound_s: float
     unit: Unit
-    lb_set: list[Template]
+    lb_set: list[Template] | PackedTemplates
     ratio: float | None = None
 
     def next_ratio(self) -> float | None:
