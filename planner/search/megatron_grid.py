@@ -12,6 +12,7 @@ is the best Megatron plan under the cost model, in Megatron's rank order.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from planner.costmodel.base import CostModel, device_class_of
 from planner.errors import HetplanError
@@ -22,11 +23,34 @@ from planner.search.space import ResourceClass, StageShape, powers_of_two_upto
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.partition import split_frontier
+from solvers.partition import StageOptions, best_split, min_max_tail, split_frontier
 
 
-def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, n_nodes: int,
-               tp: int, cp: int, pp: int, b: int, recompute: str) -> tuple[Plan, Prediction] | None:
+Grid = tuple[int, int, int, int, int, str]  # (nodes, tp, cp, pp, microbatch size, recompute)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A grid laid out on the nodes: each stage's ranks and node group, its stage options, the
+    microbatches per pipeline, and a lower bound on its step."""
+
+    grid: Grid
+    stage_nodes: list
+    positions: list[StageOptions]
+    dp: int
+    microbatches: int
+    bound_s: float
+
+
+def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
+            options: dict) -> _Layout | None:
+    """The grid's layout, or None when Megatron's rank order cannot place it or no split fits
+    memory. Bound: A_min, C_min and E_min, the least A, least largest F+B and least largest tail
+    over memory-feasible splits, each minimised on its own; every 1F1B or GPipe pipeline of the
+    grid takes at least A_min + (m - 1)·C_min (and C >= A / pp), and the evaluator adds the
+    largest tail and the step overhead. `options`: stage options by (device, shape, microbatch
+    size, replicas), shared across grids."""
+    n_nodes, tp, cp, pp, b, recompute = grid
     nodes = cluster.node_list[:n_nodes]
     ranks = [(n, i) for n in nodes for i in range(n.gpus)]
     width = tp * cp
@@ -50,20 +74,37 @@ def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, c
         stage_nodes.append((block, cluster.nodes[block[0][0].group]))
     shape = StageShape(tp, cp, 1, 1, recompute)
     ctx = OptionContext(model, training, b, dp, dp, cluster.single_node)
-    positions, classes = [], {}
+    positions = []
     for _, group in stage_nodes:
         dev = device_class_of(group)
-        if dev.key not in classes:
-            classes[dev.key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx)
-        positions.append(classes[dev.key])
-    splits = split_frontier(positions, max_in_flight=min(m, pp))
+        key = (dev.key, shape, b, dp)
+        if key not in options:
+            options[key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx)
+        positions.append(options[key])
+    flight = min(m, pp)
+    least = best_split(positions, max_in_flight=flight)
+    if least is None:
+        return None
+    # the least largest F+B: the tail DP run on F+B in place of the tails
+    c_min = min_max_tail([StageOptions(p.fb, p.fb, p.mem_fixed, p.act, p.capacity) for p in positions], flight)
+    e_min = min_max_tail(positions, flight)
+    bound = least.a_s + (m - 1) * max(c_min or 0.0, least.a_s / pp) + (e_min or 0.0)
+    return _Layout(grid, stage_nodes, positions, dp, m, (bound + cost.knobs.step_overhead_s) * (1 - 1e-9))
+
+
+def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel,
+               lay: _Layout) -> tuple[Plan, Prediction] | None:
+    """The layout's best plan: the split least in A + (m - 1)·C + E, scored by the evaluator."""
+    _, tp, cp, pp, b, recompute = lay.grid
+    m, width = lay.microbatches, tp * cp
+    splits = split_frontier(lay.positions, max_in_flight=min(m, pp))
     if not splits:
         return None
     split = min(splits, key=lambda sp: (sp.a_s + (m - 1) * sp.c_s + sp.e_s, sp.ranges))
     pipelines = []
-    for d in range(dp):
+    for d in range(lay.dp):
         stages = []
-        for s, ((block, group), (first, last)) in enumerate(zip(stage_nodes, split.ranges)):
+        for s, ((block, group), (first, last)) in enumerate(zip(lay.stage_nodes, split.ranges)):
             devs = [(n.name, i) for n, i in block[d * width:(d + 1) * width]]
             stages.append(Stage(layers=(first, last), gpu=group.gpu, devices=compress_devices(devs), tp=tp,
                                 cp=cp, recompute=recompute))
@@ -77,8 +118,14 @@ def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, c
 
 def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
                        micro_batches: list[int]) -> tuple[Plan, Prediction] | None:
-    """The fastest Megatron-expressible plan (see module docstring), or None if none fits."""
-    best: tuple[Plan, Prediction] | None = None
+    """The fastest Megatron-expressible plan (see module docstring), or None if none fits; of
+    equally fast ones, the first grid in the order (nodes, tp, cp, pp, microbatch size, recompute).
+
+    Every grid is laid out first (one DP for its least A, `_layout`); layer splits are then solved
+    in order of the layouts' bounds, and a grid is skipped once its bound shows it cannot beat the
+    best so far, nor tie it from an earlier place in the order (so the answer is the one the full
+    enumeration gives). 64 GPUs of the ladder: 2.6 s, against 111 s solving every grid's split."""
+    grids: list[Grid] = []
     for n_nodes in range(1, len(cluster.node_list) + 1):
         node_cap = min(n.gpus for n in cluster.node_list[:n_nodes])
         for tp in powers_of_two_upto(min(training.max_tp, node_cap)):
@@ -87,11 +134,17 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
             for cp in powers_of_two_upto(min(training.max_cp, node_cap // tp)):
                 if training.seq_len % cp or node_cap % (tp * cp):
                     continue
-                for pp in range(1, model.num_layer_slots + 1):
-                    for b in micro_batches:
-                        for rc in training.recompute:
-                            found = _grid_plan(model, training, cluster, cost, n_nodes, tp, cp, pp, b, rc)
-                            if found is None or found[1].step_s >= (best[1].step_s if best else math.inf):
-                                continue
-                            best = found
+                grids.extend((n_nodes, tp, cp, pp, b, rc) for pp in range(1, model.num_layer_slots + 1)
+                             for b in micro_batches for rc in training.recompute)
+    options: dict = {}
+    layouts = [(i, lay) for i, g in enumerate(grids)
+               if (lay := _layout(model, training, cluster, cost, g, options)) is not None]
+    best: tuple[Plan, Prediction] | None = None
+    best_at = (math.inf, len(grids))  # (step, place in the order) of the best so far
+    for i, lay in sorted(layouts, key=lambda x: (x[1].bound_s, x[0])):
+        if (lay.bound_s, i) >= best_at:
+            continue  # its step is at least its bound: neither faster nor an earlier tie
+        found = _grid_plan(model, training, cluster, cost, lay)
+        if found is not None and (found[1].step_s, i) < best_at:
+            best, best_at = found, (found[1].step_s, i)
     return best

@@ -1,0 +1,70 @@
+"""The Megatron-restricted search (`planner.search.megatron_grid`): its pruning never changes the
+answer, and each grid's bound is below what the evaluator gives that grid's plan."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.search.api import micro_batch_sizes
+from planner.search.space import powers_of_two_upto
+from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
+
+mg = importlib.import_module("planner.search.megatron_grid")  # `planner.search` is also a function
+COST = AnalyticCostModel()
+MODEL = ModelSpec(name="grid-6", num_layers=6, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=8,
+                  vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
+CASES = {
+    "three-groups": (ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=4),
+                                        NodeGroup(gpu="V100-SXM2-16GB", nodes=1, gpus_per_node=2),
+                                        NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=2)]),
+                     TrainingSpec(global_batch=16, seq_len=2048, recompute=("none", "full"))),
+    "two-types": (ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
+                                     NodeGroup(gpu="V100-SXM2-32GB", nodes=2, gpus_per_node=4)]),
+                  TrainingSpec(global_batch=32, seq_len=4096, max_cp=2)),
+}
+
+
+def _every_grid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[tuple]:
+    """Every grid the enumeration considers, in its order (a copy of its loop, kept plain here)."""
+    out = []
+    for n_nodes in range(1, len(cluster.node_list) + 1):
+        cap = min(n.gpus for n in cluster.node_list[:n_nodes])
+        for tp in powers_of_two_upto(min(training.max_tp, cap)):
+            if model.num_heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
+                continue
+            for cp in powers_of_two_upto(min(training.max_cp, cap // tp)):
+                if training.seq_len % cp or cap % (tp * cp):
+                    continue
+                out.extend((n_nodes, tp, cp, pp, b, rc) for pp in range(1, model.num_layer_slots + 1)
+                           for b in micro_batch_sizes(training) for rc in training.recompute)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pruned_search_equals_solving_every_grid(case: str) -> None:
+    """Solve every grid's split (no bound, no pruning), keep the first fastest in enumeration order:
+    `best_megatron_plan` must return exactly that plan. Also checks every bound against the
+    evaluator's step of its grid's plan."""
+    cluster, training = CASES[case]
+    options: dict = {}
+    best = None
+    solved = 0
+    for i, grid in enumerate(_every_grid(MODEL, cluster, training)):
+        lay = mg._layout(MODEL, training, cluster, COST, grid, options)
+        if lay is None:
+            continue
+        found = mg._grid_plan(MODEL, training, cluster, COST, lay)
+        if found is None:
+            continue
+        solved += 1
+        assert lay.bound_s <= found[1].step_s, grid
+        if best is None or found[1].step_s < best[1].step_s:
+            best = found
+    assert solved > 10 and best is not None
+    fast = mg.best_megatron_plan(MODEL, cluster, training, COST, micro_batch_sizes(training))
+    assert fast is not None
+    assert fast[0].to_json() == best[0].to_json()
+    assert fast[1].step_s == best[1].step_s
