@@ -114,29 +114,25 @@ class AnalyticCostModel:
         params = np.zeros(n)
         act_bytes = np.zeros(n)
         work = np.zeros(n)
-        for layer in model.layers():
-            i, kind = layer.index, layer.kind
+
+        def row(kind: str) -> tuple[float, float, float, float, float]:
+            """(params, fwd, bwd, stored activations, work bytes) of one layer of this kind."""
             p_total = layer_params(model, kind)
             p_rep = layer_replicated_params(model, kind)
-            params[i] = (p_total - p_rep) / tp + p_rep
+            param = (p_total - p_rep) / tp + p_rep
             fl = layer_fwd_flops(model, kind, b, s)
             gemm_f = self._gemm_s(dev, fl.gemm / split, dtype)
             if kind == "embedding":
                 mem_f = self._mem_s(dev, 2 * elem_tokens * h * BYTES_ACT)
                 f = mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)  # one reduce(-scatter) of the lookup
-                fwd[i], bwd[i] = f, 2 * mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
-                act_bytes[i] = elem_tokens * h * (1 if model.dropout else 0)
-                work[i] = 0.0
-                continue
+                b_ = 2 * mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
+                return param, f, b_, elem_tokens * h * (1 if model.dropout else 0), 0.0
             if kind == "head":
                 logits_bytes = tokens_gpu * model.vocab / tp * 4  # fp32 logits for the loss
                 mem_f = self._mem_s(dev, 3 * logits_bytes + 4 * elem_tokens * h * BYTES_ACT)
                 f = gemm_f + mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
-                fwd[i] = f
-                bwd[i] = k.bwd_over_fwd * gemm_f + 2 * mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
-                act_bytes[i] = logits_bytes + elem_tokens * h * BYTES_ACT
-                work[i] = logits_bytes
-                continue
+                b_ = k.bwd_over_fwd * gemm_f + 2 * mem_f + (tp_dir_s / 4 if tp > 1 else 0.0)
+                return param, f, b_, logits_bytes + elem_tokens * h * BYTES_ACT, logits_bytes
             # decoder block
             attn_flops = (fl.attn_causal if flash else fl.attn_full) / split
             attn_f = self._attn_s(dev, attn_flops, dtype)
@@ -172,8 +168,13 @@ class AnalyticCostModel:
             elif shard.recompute == "full":
                 stored = 2.0 * elem_tokens * h  # the layer input only
                 b_ += f  # the whole forward again, communication included
-            fwd[i], bwd[i] = f, b_
-            act_bytes[i] = stored
-            work[i] = full_stash if shard.recompute == "full" else 0.0
+            return param, f, b_, stored, (full_stash if shard.recompute == "full" else 0.0)
+
+        rows: dict[str, tuple[float, float, float, float, float]] = {}  # decoder layers are alike
+        for layer in model.layers():
+            if layer.kind not in rows:
+                rows[layer.kind] = row(layer.kind)
+            params[layer.index], fwd[layer.index], bwd[layer.index], act_bytes[layer.index], work[layer.index] = \
+                rows[layer.kind]
         boundary = tokens_gpu * h * BYTES_ACT / seq_div
         return LayerTable(fwd, bwd, params, act_bytes, work, np.zeros(n, dtype=bool), boundary)
