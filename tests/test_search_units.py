@@ -98,3 +98,37 @@ def test_packed_templates_unpack_to_equal_templates() -> None:
         back = pickle.loads(pickle.dumps(PackedTemplates.of(templates))).unpack()
         assert back == templates
         assert [type(t.usage[0]) for t in back] == [int] * len(back)
+
+
+def test_node_packing_is_first_fit_in_file_order() -> None:
+    """`placement._NodePool` resumes its scan per group size; the GPUs it hands out must be exactly
+    those of a plain first-fit scan from the first node, on mixed node sizes and random requests."""
+    import random
+
+    from planner.errors import HetplanError
+    from planner.search.placement import _NodePool
+
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=3, gpus_per_node=8),
+                                 NodeGroup(gpu="A100-SXM4-40GB", nodes=2, gpus_per_node=4),
+                                 NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=8)])
+    rc = resource_classes(cluster)
+    assert len(rc) == 2  # node sizes differ: two classes
+    for seed in range(20):
+        rng = random.Random(seed)
+        for klass in rc:
+            pool = _NodePool(cluster, klass)
+            free = [(n.name, [True] * n.gpus) for n in pool.nodes]
+            sizes = [rng.choice([1, 2, 4, 8]) for _ in range(12)]  # any order, not only largest first
+            for size in sizes:
+                want = None
+                for name, slots in free:  # the reference: first fit from the first node, every time
+                    starts = [s for s in range(0, len(slots) - size + 1, size) if all(slots[s:s + size])]
+                    if starts:
+                        slots[starts[0]:starts[0] + size] = [False] * size
+                        want = [(name, k) for k in range(starts[0], starts[0] + size)]
+                        break
+                if want is None:
+                    with pytest.raises(HetplanError):
+                        pool.take(size)
+                    continue
+                assert pool.take(size) == want
