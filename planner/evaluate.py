@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from planner.costmodel import stage as st
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel, DeviceClass, LayerTable, Shard, device_class_of
+from planner.costmodel.knobs import Knobs
 from planner.costmodel.shapes import model_flops_per_sequence
 from planner.errors import InfeasibleError
 from planner.plan import Plan, Prediction, Stage, StagePrediction, expand_devices
@@ -37,13 +38,23 @@ def stage_shard(plan: Plan, stage: Stage) -> Shard:
 
 
 def stage_costs(plan: Plan, cluster: ClusterSpec, cost: CostModel) -> list[list[StageCost]]:
+    """Per pipeline and stage, its device class, layer table and prefix sums. A plan for thousands
+    of GPUs repeats a few stages hundreds of times: the class is looked up once per first device
+    entry (a stage lies on one node class) and the sums once per table."""
     out = []
+    devs: dict[str, DeviceClass] = {}
+    sums: dict[int, tuple[LayerTable, st.StageSums]] = {}  # by table identity; the table is kept alive
     for pipe in plan.pipelines:
         row = []
         for stage in pipe.stages:
-            dev = stage_device_class(cluster, stage)
+            head = stage.devices[0]
+            if head not in devs:
+                devs[head] = stage_device_class(cluster, stage)
+            dev = devs[head]
             table = cost.layer_table(dev, stage_shard(plan, stage), plan.model, plan.training)
-            row.append(StageCost(dev, table, st.StageSums.of(table), stage.layers[0], stage.layers[1]))
+            if id(table) not in sums:
+                sums[id(table)] = (table, st.StageSums.of(table))
+            row.append(StageCost(dev, table, sums[id(table)][1], stage.layers[0], stage.layers[1]))
         out.append(row)
     return out
 
@@ -63,6 +74,26 @@ def stage_memory_report(plan: Plan, cluster: ClusterSpec,
     return out
 
 
+def _stage_numbers(plan: Plan, stage: Stage, sc: StageCost, si: int, n: int, microbatches: int,
+                   replicas: int, knobs: Knobs, single: bool) -> tuple:
+    """(forward, backward, gradient sync, optimizer, memory, measured flags) of one stage."""
+    f = sc.sums.fwd_s(sc.first, sc.last)
+    b = sc.sums.bwd_s(sc.first, sc.last)
+    recv = st.recv_s(knobs, sc.dev, sc.table, single)
+    if si > 0:
+        f += recv
+    if si < n - 1:
+        b += recv
+    params = sc.sums.params(sc.first, sc.last)
+    copies = st.weight_copies(replicas, stage.dp, stage.cp, stage.hp)
+    sync_s = st.grad_sync_s(knobs, sc.dev, params, stage.tp, copies, plan.training.zero, single)
+    opt_s = st.optimizer_s(knobs, sc.dev, params, plan.training.zero, copies)
+    flight = st.in_flight(plan.schedule, n, si, microbatches)
+    mem = st.stage_memory_bytes(sc.table, sc.sums, sc.first, sc.last, flight, plan.training.zero, copies)
+    flags = tuple(bool(x) for x in sc.table.measured[sc.first:sc.last + 1])
+    return f, b, sync_s, opt_s, mem, flags
+
+
 def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
              check: bool = True) -> Prediction:
     """Score a plan. With `check`, an invalid plan (memory included) raises instead of being scored."""
@@ -77,26 +108,18 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
     pipe_times, tails, per_stage = [], [], []
     worst = (-1.0, "")
     measured_by_gpu: dict[str, set[bool]] = {}
+    seen: dict[tuple, tuple] = {}  # a stage's numbers by what they depend on (copies repeat stages)
     for pi, (pipe, costs) in enumerate(zip(plan.pipelines, stage_costs(plan, cluster, cost))):
         fwd, bwd, sync, opt = [], [], [], []
         n = len(costs)
         for si, (stage, sc) in enumerate(zip(pipe.stages, costs)):
-            f = sc.sums.fwd_s(sc.first, sc.last)
-            b = sc.sums.bwd_s(sc.first, sc.last)
-            recv = st.recv_s(knobs, sc.dev, sc.table, single)
-            if si > 0:
-                f += recv
-            if si < n - 1:
-                b += recv
-            params = sc.sums.params(sc.first, sc.last)
-            copies = st.weight_copies(replicas, stage.dp, stage.cp, stage.hp)
-            sync_s = st.grad_sync_s(knobs, sc.dev, params, stage.tp, copies, plan.training.zero, single)
-            opt_s = st.optimizer_s(knobs, sc.dev, params, plan.training.zero, copies)
-            flight = st.in_flight(plan.schedule, n, si, pipe.microbatches)
-            mem = st.stage_memory_bytes(sc.table, sc.sums, sc.first, sc.last, flight, plan.training.zero, copies)
-            measured = bool(sc.table.measured[sc.first:sc.last + 1].all())
-            measured_by_gpu.setdefault(stage.gpu, set()).update(
-                bool(x) for x in sc.table.measured[sc.first:sc.last + 1])
+            key = (id(sc.table), sc.dev.key, sc.first, sc.last, stage.tp, stage.cp, stage.hp, stage.dp,
+                   si, n, pipe.microbatches)
+            if key not in seen:
+                seen[key] = _stage_numbers(plan, stage, sc, si, n, pipe.microbatches, replicas, knobs, single)
+            f, b, sync_s, opt_s, mem, flags = seen[key]
+            measured = all(flags)
+            measured_by_gpu.setdefault(stage.gpu, set()).update(flags)
             fwd.append(f)
             bwd.append(b)
             sync.append(sync_s)

@@ -16,11 +16,12 @@ min-max optimal for the chosen copies.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from solvers.deal import deal
 
 BIG_M = 10**9
 
@@ -145,31 +146,6 @@ def _feasible_pulp(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, time_limi
     if int(np.dot(out, caps)) < p.microbatches:
         return None
     return out
-
-
-def _deal(p: AssignProblem, counts: np.ndarray, caps: np.ndarray) -> tuple[tuple[tuple[int, ...], ...], float]:
-    """Water-filling: every copy starts with one microbatch; each next one goes to the copy whose
-    time grows least. Returns microbatches per copy and the resulting max pipeline time."""
-    heap: list[tuple[float, int, int]] = []
-    mbs: dict[tuple[int, int], int] = {}
-    for t in np.flatnonzero(counts):
-        for r in range(int(counts[t])):
-            mbs[(int(t), r)] = 1
-            if caps[t] > 1:
-                heapq.heappush(heap, (float(p.a_s[t] + p.c_s[t]), int(t), r))
-    left = p.microbatches - len(mbs)
-    while left > 0:
-        _, t, r = heapq.heappop(heap)
-        mbs[(t, r)] += 1
-        left -= 1
-        m = mbs[(t, r)]
-        if m < caps[t]:
-            heapq.heappush(heap, (float(p.a_s[t] + m * p.c_s[t]), t, r))
-    per_t: list[tuple[int, ...]] = [()] * len(counts)  # most templates have no copy
-    for t in np.flatnonzero(counts).tolist():
-        per_t[t] = tuple(mbs[(t, r)] for r in range(int(counts[t])))
-    pipe = max(p.a_s[t] + (m - 1) * p.c_s[t] for (t, _), m in mbs.items())
-    return tuple(per_t), float(pipe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +277,7 @@ def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s:
         at_lo = check(lo)
         if at_lo is not None:
             caps = _caps(p, allowed, lo)
-            return _deal(p, at_lo, caps)[1], at_lo, caps
+            return deal(p, at_lo, caps)[1], at_lo, caps
     if upper is not None and upper[0] >= lo:
         below = check(float(np.nextafter(upper[0], -np.inf)))
         if below is None:
@@ -325,14 +301,14 @@ def _min_time(p: AssignProblem, allowed: np.ndarray, backend: str, time_limit_s:
         else:
             hi, found = mid, sol
     caps = _caps(p, allowed, hi)
-    _, t_now = _deal(p, found, caps)
+    _, t_now = deal(p, found, caps)
     while True:
         t_try = float(np.nextafter(t_now, -np.inf))
         sol = check(t_try)
         if sol is None:
             break
         caps_try = _caps(p, allowed, t_try)
-        _, t_new = _deal(p, sol, caps_try)
+        _, t_new = deal(p, sol, caps_try)
         if t_new >= t_now:
             break
         found, caps, t_now = sol, caps_try, t_new
@@ -395,13 +371,13 @@ def solve_assignment(p: AssignProblem, backend: str = "cpsat",
                 bound = min(bound, best.objective_s)
                 continue
             caps_t = _caps(p, allowed, target)
-            upper = (_deal(p, sol, caps_t)[1], sol, caps_t)
+            upper = (deal(p, sol, caps_t)[1], sol, caps_t)
         res = _min_time(p, allowed, backend, time_limit_s, stats, groups, t_bound, upper)
         if res is None:
             continue
         t, counts, caps = res
         upper = res
-        per_t, pipe = _deal(p, counts, caps)
+        per_t, pipe = deal(p, counts, caps)
         tail = float(np.max(p.e_s[counts > 0]))
         bound = min(bound, pipe + e_floor)
         cand = Assignment(tuple(int(x) for x in counts), per_t, pipe, tail)

@@ -14,7 +14,7 @@ solved without integer programs, for pools where copies number in the hundreds:
   plan costs at least T_LP(e_j) + e_i.
 * Plan. At a few trial times just above the bound, the LP's copy counts rounded down (and up where
   the GPUs allow), spare GPUs filled with copies of the same and then other templates; each candidate
-  is scored exactly (`pipe_time_of`) and the best dealt out by water-filling (`solvers.assign._deal`).
+  is scored exactly (`pipe_time_of`) and the best dealt out by water-filling (`solvers.deal`).
   The plan is a real plan of the templates; its distance to the bound is the gap the search reports.
 """
 
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.assign import AssignProblem, Assignment, SolverStats, _caps, _deal
+from solvers.assign import AssignProblem, Assignment, SolverStats, _caps
+from solvers.deal import deal
 from solvers.small_lp import SmallLP
 
 
@@ -293,7 +294,7 @@ def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb:
         return None
     counts = best[1]
     pipe = pipe_time_of(p, counts)
-    per_t, dealt = _deal(p, counts, _caps(p, counts > 0, pipe))
+    per_t, dealt = deal(p, counts, _caps(p, counts > 0, pipe))
     return Assignment(tuple(int(c) for c in counts), per_t, dealt, float(np.max(p.e_s[counts > 0])))
 
 
