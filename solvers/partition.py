@@ -175,15 +175,21 @@ def pareto(points: list[Split]) -> list[Split]:
     return keep
 
 
-def undominated_options(opts: StageOptions, use_tail: bool = True) -> list[int]:
+def undominated_options(opts: StageOptions, use_tail: bool = True,
+                        cells: tuple[np.ndarray, np.ndarray] | None = None) -> list[int]:
     """Options not dominated by another everywhere (F+B, memory, activations and, if `use_tail`,
     tail all <=). A dominated option is never needed: swapping in its dominator keeps every cap and
-    memory limit and does not raise A, C or E. Ties keep the lower index.
+    memory limit and does not raise A, C or E. Ties keep the lower index. `cells`: only these layer
+    ranges (i, j) decide, e.g. the ranges the stage kinds of identical layers read
+    (`uniform_layers.kind_cells`), which stand for every other range.
 
     All pairs at once: each option's arrays flattened into one row, compared row against row."""
     n = opts.fb.shape[0]
     arrays = [opts.fb, opts.mem_fixed, opts.act] + ([opts.tail] if use_tail else [])
-    rows = np.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
+    if cells is None:
+        rows = np.concatenate([a.reshape(n, -1) for a in arrays], axis=1)
+    else:
+        rows = np.concatenate([a[:, cells[0], cells[1]] for a in arrays], axis=1)
     le = np.ones((n, n), dtype=bool)  # le[j, i]: option j <= option i everywhere
     eq = np.ones((n, n), dtype=bool)
     for start in range(0, rows.shape[1], 4096):  # chunks keep the (n, n, chunk) temporaries small

@@ -96,6 +96,15 @@ def _kind_columns(a: np.ndarray, mid_ok: np.ndarray, n: int) -> tuple[np.ndarray
     return a[:, 0, 1 + d_all], mid, a[:, n - 1 - d_all, n], whole
 
 
+def kind_cells(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The layer ranges [i, j) the stage kinds read: [0, j) (first, and whole at j = n), [i, n)
+    (last) and [1, j) (middle). With identical layers every other range equals one of these in
+    every field, so comparing options on them compares them everywhere."""
+    i = np.concatenate([np.zeros(n, dtype=np.int64), np.arange(1, n), np.ones(max(n - 2, 0), dtype=np.int64)])
+    j = np.concatenate([np.arange(1, n + 1), np.full(n - 1, n), np.arange(2, n)])
+    return i, j
+
+
 def uniform_view(opts: StageOptions, trusted: bool = False) -> UniformView | None:
     """The kind tables, or None when a middle stage's cost depends on its position. `trusted` skips
     that check (for arrays already checked at another replica count: tails change with replicas,

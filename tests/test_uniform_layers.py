@@ -177,3 +177,31 @@ def test_convolutions_match_a_direct_scan(seed: int) -> None:
             if min(sums) < INF:
                 assert arg[b, k] == sums.index(min(sums))
             assert least[b, k] == min(max(stage[b, d], rest[b, k - d]) for d in range(k + 1))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_option_pruning_on_kind_cells_equals_pruning_everywhere(seed: int) -> None:
+    """With identical layers, comparing options on the ranges the stage kinds read
+    (`kind_cells`) drops exactly the options a comparison on every range drops, ties included."""
+    from solvers.partition import subset_options, undominated_options
+    from solvers.uniform_layers import kind_cells
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 9))
+    base = _uniform_options(rng, n, 4, 50.0)
+    worse = StageOptions(base.fb * 1.5, base.tail * 1.5, base.mem_fixed * 1.5, base.act * 1.5, 50.0)
+    mixed = StageOptions(base.fb * 0.5, base.tail * 2.0, base.mem_fixed, base.act, 50.0)  # faster, larger tail
+    better_ends = []  # equal to an option except on the ranges holding the head (or the embedding)
+    for k, end in ((0, (slice(None), n)), (2, (0, slice(None)))):
+        fb = base.fb[[k]].copy()
+        fb[(0, *end)] -= 0.1
+        better_ends.append(StageOptions(fb, base.tail[[k]], base.mem_fixed[[k]], base.act[[k]], 50.0))
+    # dominated, tied, incomparable, and better only where the first or last stage kind reads
+    parts = [base, worse, subset_options(base, [1, 1]), mixed, *better_ends]
+    opts = StageOptions(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("fb", "tail", "mem_fixed", "act")),
+                        50.0)
+    assert uniform_view(opts) is not None
+    for use_tail in (False, True):
+        everywhere = undominated_options(opts, use_tail)
+        assert len(everywhere) < opts.fb.shape[0] and 0 not in everywhere and 2 not in everywhere
+        assert undominated_options(opts, use_tail, kind_cells(n)) == everywhere

@@ -18,6 +18,7 @@ from planner.search.space import BlockType, ResourceClass, StageShape
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import StageOptions, subset_options, undominated_options
+from solvers.uniform_layers import kind_cells
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,13 +90,15 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
 
 
 def pruned_options(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[StageShape]],
-                   use_tail: bool) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]],
-                                     dict[BlockType, list[int]]]:
+                   use_tail: bool, uniform: dict[BlockType, bool] | None = None
+                   ) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]], dict[BlockType, list[int]]]:
     """Each block type's undominated options (`solvers.partition.undominated_options`), their
-    shapes, and their indices into the unpruned lists."""
+    shapes, and their indices into the unpruned lists. Block types marked in `uniform` (identical
+    layers) are compared on the ranges their stage kinds read only (same answer, ~15x fewer cells)."""
     out_o, out_s, out_k = {}, {}, {}
     for bt, o in opts.items():
-        keep = undominated_options(o, use_tail)
+        cells = kind_cells(o.num_layers) if uniform and uniform.get(bt) else None
+        keep = undominated_options(o, use_tail, cells)
         out_o[bt] = subset_options(o, keep)
         out_s[bt] = [shapes[bt][k] for k in keep]
         out_k[bt] = keep

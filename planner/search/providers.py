@@ -226,15 +226,15 @@ class BlocksProvider(TailLevels):
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
         those of the skeletons the general DP solves; and whether the deadline cut them short."""
         full = self._full_options(r_mem)
-        opts, _, keep = pruned_options(full, self.shapes, use_tail=False)
-        budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
-        runs = self.runs[0]
+        runs, pairs = self.runs
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
-        self._uniform.update({bt: uniform_view(full[bt]) is not None for bt in runs})
-        views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in runs}
-        pairs = self.runs[1]
-        views.update({bt: (uniform_view(opts[bt], trusted=True) if self._uniform.setdefault(
-            bt, uniform_view(full[bt]) is not None) else None) for xy in pairs for bt in xy if bt not in views})
+        for bt in dict.fromkeys([*runs, *(bt for xy in pairs for bt in xy)]):
+            if bt not in self._uniform:
+                self._uniform[bt] = uniform_view(full[bt]) is not None
+        opts, _, keep = pruned_options(full, self.shapes, use_tail=False, uniform=self._uniform)
+        budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
+        views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None
+                 for bt in dict.fromkeys([*runs, *(bt for xy in pairs for bt in xy)])}
         # identical decoder layers: every homogeneous and two-run skeleton in one batched sweep
         rows = [(bt, s, bt, 0) for bt, counts in runs.items() if views[bt] is not None for s in sorted(set(counts))]
         rows += [(x, k1, y, k2) for (x, y), pair_rows in pairs.items()

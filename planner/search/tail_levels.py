@@ -98,7 +98,7 @@ class TailLevels:
         bts = list(dict.fromkeys(bt for g in groups for bt in g))
         new = [bt for bt in bts if bt not in pruned]  # `pruned`: this class's options so far, kept
         pruned.update(pruned_options({bt: with_tails[bt] for bt in new}, {bt: self.shapes[bt] for bt in new},
-                                     use_tail=True)[0])
+                                     use_tail=True, uniform=self._uniform)[0])
         opts = {bt: pruned[bt] for bt in bts}
         views = {bt: uniform_view(o, trusted=True) if self._uniform.get(bt) else None for bt, o in opts.items()}
         uniform = [g for g in groups if all(views[bt] is not None for bt in g)]
