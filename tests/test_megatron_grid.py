@@ -9,7 +9,6 @@ import pytest
 
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.search.api import micro_batch_sizes
-from planner.search.space import powers_of_two_upto
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 
 mg = importlib.import_module("planner.search.megatron_grid")  # `planner.search` is also a function
@@ -27,22 +26,6 @@ CASES = {
 }
 
 
-def _every_grid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[tuple]:
-    """Every grid the enumeration considers, in its order (a copy of its loop, kept plain here)."""
-    out = []
-    for n_nodes in range(1, len(cluster.node_list) + 1):
-        cap = min(n.gpus for n in cluster.node_list[:n_nodes])
-        for tp in powers_of_two_upto(min(training.max_tp, cap)):
-            if model.num_heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
-                continue
-            for cp in powers_of_two_upto(min(training.max_cp, cap // tp)):
-                if training.seq_len % cp or cap % (tp * cp):
-                    continue
-                out.extend((n_nodes, tp, cp, pp, b, rc) for pp in range(1, model.num_layer_slots + 1)
-                           for b in micro_batch_sizes(training) for rc in training.recompute)
-    return out
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     """Solve every grid's split (no bound, no pruning), keep the first fastest in enumeration order:
@@ -52,7 +35,7 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     options: dict = {}
     best = None
     solved = 0
-    for i, grid in enumerate(_every_grid(MODEL, cluster, training)):
+    for i, grid in enumerate(mg.every_grid(MODEL, cluster, training, micro_batch_sizes(training))):
         lay = mg._layout(MODEL, training, cluster, COST, grid, options)
         if lay is None:
             continue

@@ -116,15 +116,9 @@ def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, c
         return None
 
 
-def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-                       micro_batches: list[int]) -> tuple[Plan, Prediction] | None:
-    """The fastest Megatron-expressible plan (see module docstring), or None if none fits; of
-    equally fast ones, the first grid in the order (nodes, tp, cp, pp, microbatch size, recompute).
-
-    Every grid is laid out first (one DP for its least A, `_layout`); layer splits are then solved
-    in order of the layouts' bounds, and a grid is skipped once its bound shows it cannot beat the
-    best so far, nor tie it from an earlier place in the order (so the answer is the one the full
-    enumeration gives). 64 GPUs of the ladder: 2.6 s, against 111 s solving every grid's split."""
+def every_grid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, micro_batches: list[int]) -> list[Grid]:
+    """Every grid on every prefix of the node list, in the order (nodes, tp, cp, pp, microbatch
+    size, recompute); `_layout` rejects those Megatron's rank order cannot place."""
     grids: list[Grid] = []
     for n_nodes in range(1, len(cluster.node_list) + 1):
         node_cap = min(n.gpus for n in cluster.node_list[:n_nodes])
@@ -136,6 +130,19 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                     continue
                 grids.extend((n_nodes, tp, cp, pp, b, rc) for pp in range(1, model.num_layer_slots + 1)
                              for b in micro_batches for rc in training.recompute)
+    return grids
+
+
+def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
+                       micro_batches: list[int]) -> tuple[Plan, Prediction] | None:
+    """The fastest Megatron-expressible plan (see module docstring), or None if none fits; of
+    equally fast ones, the first grid in the order (nodes, tp, cp, pp, microbatch size, recompute).
+
+    Every grid is laid out first (one DP for its least A, `_layout`); layer splits are then solved
+    in order of the layouts' bounds, and a grid is skipped once its bound shows it cannot beat the
+    best so far, nor tie it from an earlier place in the order (so the answer is the one the full
+    enumeration gives). 64 GPUs of the ladder: 2.6 s, against 111 s solving every grid's split."""
+    grids = every_grid(model, cluster, training, micro_batches)
     options: dict = {}
     layouts = [(i, lay) for i, g in enumerate(grids)
                if (lay := _layout(model, training, cluster, cost, g, options)) is not None]
