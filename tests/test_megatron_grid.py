@@ -33,10 +33,11 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     evaluator's step of its grid's plan."""
     cluster, training = CASES[case]
     options: dict = {}
+    placed: dict = {}
     best = None
     solved = 0
     for i, grid in enumerate(mg.every_grid(MODEL, cluster, training, micro_batch_sizes(training))):
-        lay = mg._layout(MODEL, training, cluster, COST, grid, options)
+        lay = mg._layout(MODEL, training, cluster, COST, grid, options, placed)
         if lay is None:
             continue
         found = mg._grid_plan(MODEL, training, cluster, COST, lay)

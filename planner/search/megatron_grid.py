@@ -42,25 +42,12 @@ class _Layout:
     bound_s: float
 
 
-def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
-            options: dict) -> _Layout | None:
-    """The grid's layout, or None when Megatron's rank order cannot place it or no split fits
-    memory. Bound: A_min, C_min and E_min, the least A, least largest F+B and least largest tail
-    over memory-feasible splits, each minimised on its own; every 1F1B or GPipe pipeline of the
-    grid takes at least A_min + (m - 1)·C_min (and C >= A / pp), and the evaluator adds the
-    largest tail and the step overhead. `options`: stage options by (device, shape, microbatch
-    size, replicas), shared across grids."""
-    n_nodes, tp, cp, pp, b, recompute = grid
-    nodes = cluster.node_list[:n_nodes]
-    ranks = [(n, i) for n in nodes for i in range(n.gpus)]
-    width = tp * cp
-    if len(ranks) % (width * pp):
-        return None
-    dp = len(ranks) // (width * pp)
-    if training.global_batch % (b * dp):
-        return None
-    m = training.global_batch // (b * dp)
-    per_stage = dp * width
+def _stages_on_nodes(cluster: ClusterSpec, n_nodes: int, width: int, pp: int) -> list | None:
+    """Megatron's rank order on the first `n_nodes` nodes: each of the pp stages' ranks (tp*cp
+    groups of `width` fastest, then dp) and its node group; None when a stage would mix GPU types or
+    node shapes, or a tp*cp group would span nodes."""
+    ranks = [(n, i) for n in cluster.node_list[:n_nodes] for i in range(n.gpus)]
+    per_stage = len(ranks) // pp
     stage_nodes = []
     for s in range(pp):
         block = ranks[s * per_stage:(s + 1) * per_stage]
@@ -72,6 +59,32 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
             if len({n.name for n, _ in block[k:k + width]}) > 1:
                 return None
         stage_nodes.append((block, cluster.nodes[block[0][0].group]))
+    return stage_nodes
+
+
+def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
+            options: dict, placed: dict) -> _Layout | None:
+    """The grid's layout, or None when Megatron's rank order cannot place it or no split fits
+    memory. Bound: A_min, C_min and E_min, the least A, least largest F+B and least largest tail
+    over memory-feasible splits, each minimised on its own; every 1F1B or GPipe pipeline of the
+    grid takes at least A_min + (m - 1)·C_min (and C >= A / pp), and the evaluator adds the
+    largest tail and the step overhead. `options`: stage options by (device, shape, microbatch
+    size, replicas); `placed`: `_stages_on_nodes` by (nodes, tp*cp, pp); both shared across grids
+    (microbatch sizes and recompute modes repeat a placement)."""
+    n_nodes, tp, cp, pp, b, recompute = grid
+    gpus = sum(n.gpus for n in cluster.node_list[:n_nodes])
+    width = tp * cp
+    if gpus % (width * pp):
+        return None
+    dp = gpus // (width * pp)
+    if training.global_batch % (b * dp):
+        return None
+    m = training.global_batch // (b * dp)
+    if (n_nodes, width, pp) not in placed:
+        placed[(n_nodes, width, pp)] = _stages_on_nodes(cluster, n_nodes, width, pp)
+    stage_nodes = placed[(n_nodes, width, pp)]
+    if stage_nodes is None:
+        return None
     shape = StageShape(tp, cp, 1, 1, recompute)
     ctx = OptionContext(model, training, b, dp, dp, cluster.single_node)
     positions = []
@@ -144,8 +157,9 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     enumeration gives). 64 GPUs of the ladder: 2.6 s, against 111 s solving every grid's split."""
     grids = every_grid(model, cluster, training, micro_batches)
     options: dict = {}
+    placed: dict = {}
     layouts = [(i, lay) for i, g in enumerate(grids)
-               if (lay := _layout(model, training, cluster, cost, g, options)) is not None]
+               if (lay := _layout(model, training, cluster, cost, g, options, placed)) is not None]
     best: tuple[Plan, Prediction] | None = None
     best_at = (math.inf, len(grids))  # (step, place in the order) of the best so far
     for i, lay in sorted(layouts, key=lambda x: (x[1].bound_s, x[0])):
