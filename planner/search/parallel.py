@@ -142,7 +142,8 @@ def _solve_task(args: tuple[int, int, int, float | None]) -> _Outcome:
                     u.provider.stats.pruned - pruned, timed_out)
 
 
-def _refine_task(args: tuple[int, int, int, float, list, float, float | None, float]) -> tuple[float, int, list]:
+def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None, float]
+                 ) -> tuple[float, int, PackedTemplates]:
     assert _SEARCH is not None
     index, lo, hi, bound_s, lb_set, incumbent_s, deadline, ratio = args
     local = replace(_SEARCH.ctx, stats=SolverStats())
