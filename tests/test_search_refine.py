@@ -33,6 +33,26 @@ def _provider(b: int) -> BlocksProvider:
                           b, CLUSTER.single_node)
 
 
+@pytest.mark.parametrize("general", [False, True])
+def test_level_templates_do_not_depend_on_what_was_asked_before(general: bool) -> None:
+    """A provider asked first for fine levels (a high tail cap) and then for coarse ones gives the
+    coarse ones exactly as a fresh provider does: worker processes that solved different units
+    before must still agree (they did not: the cache answered with the first cap's levels)."""
+    def asked(caps: list[float]) -> list:
+        provider = _provider(1)
+        if general:
+            provider._uniform = dict.fromkeys(provider._uniform, False)
+        _, lb_set = provider.templates(2, 2)
+        groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
+        return [provider.level_templates(2, 2, groups, e_cap=cap, ratio=1.15) for cap in caps]
+
+    top = max(t.e_s for t in _provider(1).templates(2, 2)[1])
+    fine, coarse = asked([math.inf, top / 4])
+    fresh_coarse, fresh_fine = asked([top / 4, math.inf])
+    assert coarse == fresh_coarse and fine == fresh_fine
+    assert len(coarse[0]) < len(fine[0])  # the cap matters: fewer levels, fewer templates
+
+
 @pytest.mark.parametrize("replicas, ratio, general", [(1, 1.5, False), (2, 1.5, False), (3, 1.5, False),
                                                       (2, 1.05, False), (2, 1.5, True), (3, 1.15, True)])
 def test_level_templates_dominate_every_split(replicas: int, ratio: float, general: bool) -> None:

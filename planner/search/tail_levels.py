@@ -25,6 +25,25 @@ _LATE = object()  # a group whose tail-capped levels the deadline cut short
 TAIL_CACHE = 4  # replica classes whose stage tails (and tail-capped levels) a provider keeps
 
 
+def _finite_levels(e_lo: float, t_max: float, e_cap: float, ratio: float) -> int:
+    """How many capped levels e_lo·ratio^k a group gets: up to its largest tail, or `e_cap`."""
+    return int(math.log(max(min(e_cap, t_max), e_lo) / e_lo) / math.log(ratio)) + 2
+
+
+def _cut(entry: tuple, e_cap: float, ratio: float) -> tuple | None:
+    """A group's cached levels as computed for `e_cap`: (levels, least tails, points by
+    (skeleton, level)), the finite levels past e_cap's dropped and the uncapped level renumbered;
+    None when the cache holds fewer levels than `e_cap` needs."""
+    levels, least, found, e_lo, t_max = entry
+    want, have = _finite_levels(e_lo, t_max, e_cap, ratio), len(levels) - 1
+    if want > have:
+        return None
+    if want == have:
+        return levels, least, found
+    cut = {(sk, want if j == have else j): pts for (sk, j), pts in found.items() if j < want or j == have}
+    return levels[:want] + [INF], least, cut
+
+
 class TailLevels:
     """The tail-capped levels of `BlocksProvider` (a mixin: it reads the provider's shapes,
     classes, skeleton rows, stage options and uniform views, and keeps the levels of the class it
@@ -55,8 +74,9 @@ class TailLevels:
         has A and C no larger, while E > e_{j-1}: that point with tail max(E_min, e_{j-1}) (E_min
         the skeleton's least possible largest tail) bounds the split."""
         # keyed by what the tails are costed for: the rounds of one unit's refinement, and the lower
-        # part of a split class (same lowest count), reuse the levels; any levels are valid, e_cap
-        # only sets how fine they are
+        # part of a split class (same lowest count), reuse the levels. Levels computed for a higher
+        # e_cap are cut back to this one's (each level is solved on its own, so the cut equals a
+        # fresh computation): the answer never depends on what a worker process solved before.
         key = (lo, hi if self.training.zero else lo)
         if key not in self._class_levels:
             if len(self._class_levels) >= TAIL_CACHE:
@@ -67,7 +87,8 @@ class TailLevels:
                                                          full[bt].act, full[bt].capacity) for bt in tails}, {}, {})
         with_tails, cache, pruned = self._class_levels[key]
         order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
-        missing = [g for g in order if (g, ratio) not in cache]
+        missing = [g for g in order if (g, ratio) not in cache
+                   or (cache[(g, ratio)] is not None and _cut(cache[(g, ratio)], e_cap, ratio) is None)]
         if missing:
             found = self._level_frontiers(with_tails, pruned, missing, e_cap, ratio, deadline)
             cache.update({(g, ratio): v for g, v in found.items() if v is not _LATE})
@@ -78,8 +99,11 @@ class TailLevels:
         for g in order:
             if cache[(g, ratio)] is None:
                 continue
+            cut = _cut(cache[(g, ratio)], e_cap, ratio)
+            if cut is None:  # the deadline kept a finer computation from replacing a coarser one
+                continue
             covered.add(g)
-            levels, least, found = cache[(g, ratio)]
+            levels, least, found = cut
             for (sk, j), points in found.items():
                 e_min = least.get(sk)
                 if e_min is None:
@@ -91,7 +115,8 @@ class TailLevels:
     def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], pruned: dict[BlockType, StageOptions],
                          groups: list[tuple[BlockType, ...]], e_cap: float, ratio: float,
                          deadline: float | None = None) -> dict[tuple[BlockType, ...], object]:
-        """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}), or None
+        """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}, lowest
+        level, largest tail) (see `_cut`), or None
         when no skeleton of it has a split; groups of identical layers in one batched sweep, the
         others (e.g. measured, position-dependent layers) skeleton by skeleton with the general DP,
         until `deadline` (groups it cuts short are `_LATE`: not covered, not cached)."""
@@ -118,10 +143,10 @@ class TailLevels:
                 out[g] = None
                 continue
             e_lo = max(min(t for t in least.values() if t is not None), 1e-9)
-            e_top = min(e_cap, max(float(np.max(opts[bt].tail[np.isfinite(opts[bt].fb)], initial=0.0)) for bt in g))
-            levels = [e_lo * ratio ** k for k in range(int(math.log(max(e_top, e_lo) / e_lo) / math.log(ratio)) + 2)]
+            t_max = max(float(np.max(opts[bt].tail[np.isfinite(opts[bt].fb)], initial=0.0)) for bt in g)
+            levels = [e_lo * ratio ** k for k in range(_finite_levels(e_lo, t_max, e_cap, ratio))]
             levels.append(INF)
-            out[g] = (levels, least, {})
+            out[g] = (levels, least, {}, e_lo, t_max)
             if general:
                 for sk in members.get(g, []):
                     if deadline is not None and time.perf_counter() > deadline:
