@@ -29,15 +29,17 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     """Solve every grid's split (no bound, no pruning), keep the first fastest in enumeration order:
-    `best_megatron_plan` must return exactly that plan. Also checks every bound against the
-    evaluator's step of its grid's plan."""
+    `best_megatron_plan` must return exactly that plan. Also checks both bounds of every grid (the
+    one without a DP and the layout's) against the evaluator's step of its grid's plan."""
     cluster, training = CASES[case]
     options: dict = {}
     placed: dict = {}
+    work: dict = {}
     best = None
     solved = 0
-    for i, grid in enumerate(mg.every_grid(MODEL, cluster, training, micro_batch_sizes(training))):
-        lay = mg._layout(MODEL, training, cluster, COST, grid, options, placed)
+    for grid in mg.every_grid(MODEL, cluster, training, micro_batch_sizes(training)):
+        placement = mg._placement(training, cluster, grid, placed)
+        lay = None if placement is None else mg._layout(MODEL, training, cluster, COST, grid, placement, options)
         if lay is None:
             continue
         found = mg._grid_plan(MODEL, training, cluster, COST, lay)
@@ -45,6 +47,7 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
             continue
         solved += 1
         assert lay.bound_s <= found[1].step_s, grid
+        assert mg._work_bound(MODEL, training, COST, grid, placement, work) <= found[1].step_s, grid
         if best is None or found[1].step_s < best[1].step_s:
             best = found
     assert solved > 10 and best is not None

@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.costmodel.base import CostModel, device_class_of
+import numpy as np
+
+from planner.costmodel.base import CostModel, Shard, device_class_of
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
@@ -62,16 +64,12 @@ def _stages_on_nodes(cluster: ClusterSpec, n_nodes: int, width: int, pp: int) ->
     return stage_nodes
 
 
-def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
-            options: dict, placed: dict) -> _Layout | None:
-    """The grid's layout, or None when Megatron's rank order cannot place it or no split fits
-    memory. Bound: A_min, C_min and E_min, the least A, least largest F+B and least largest tail
-    over memory-feasible splits, each minimised on its own; every 1F1B or GPipe pipeline of the
-    grid takes at least A_min + (m - 1)·C_min (and C >= A / pp), and the evaluator adds the
-    largest tail and the step overhead. `options`: stage options by (device, shape, microbatch
-    size, replicas); `placed`: `_stages_on_nodes` by (nodes, tp*cp, pp); both shared across grids
-    (microbatch sizes and recompute modes repeat a placement)."""
-    n_nodes, tp, cp, pp, b, recompute = grid
+def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed: dict) -> tuple | None:
+    """(stages on nodes, dp, microbatches per pipeline) of the grid, or None when the global batch or
+    the GPU count does not divide, or Megatron's rank order cannot place it. `placed`:
+    `_stages_on_nodes` by (nodes, tp*cp, pp), shared across grids (microbatch sizes and recompute
+    modes repeat a placement)."""
+    n_nodes, tp, cp, pp, b, _ = grid
     gpus = sum(n.gpus for n in cluster.node_list[:n_nodes])
     width = tp * cp
     if gpus % (width * pp):
@@ -79,12 +77,40 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
     dp = gpus // (width * pp)
     if training.global_batch % (b * dp):
         return None
-    m = training.global_batch // (b * dp)
     if (n_nodes, width, pp) not in placed:
         placed[(n_nodes, width, pp)] = _stages_on_nodes(cluster, n_nodes, width, pp)
     stage_nodes = placed[(n_nodes, width, pp)]
-    if stage_nodes is None:
-        return None
+    return None if stage_nodes is None else (stage_nodes, dp, training.global_batch // (b * dp))
+
+
+def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid: Grid, placement: tuple,
+                work: dict) -> float:
+    """A step-time bound that needs no DP: every split's A is at least the sum over layers of the
+    cheapest F+B any of the grid's GPU types has for that layer (receives only add), and a
+    pipeline takes at least A·(1 + (m - 1) / pp). `work`: per-layer F+B by (device, shard)."""
+    _, tp, cp, pp, b, recompute = grid
+    stage_nodes, _, m = placement
+    per_layer = []
+    for dev in {device_class_of(group).key: device_class_of(group) for _, group in stage_nodes}.values():
+        key = (dev.key, tp, cp, b, recompute)
+        if key not in work:
+            table = cost.layer_table(dev, Shard(tp, cp, 1, b, recompute, training.seq_len), model, training)
+            work[key] = table.fwd_s + table.bwd_s
+        per_layer.append(work[key])
+    a_low = float(np.minimum.reduce(per_layer).sum())
+    return (a_low * (1 + (m - 1) / pp) + cost.knobs.step_overhead_s) * (1 - 1e-9)
+
+
+def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
+            placement: tuple, options: dict) -> _Layout | None:
+    """The grid's layout on its `placement`, or None when no split fits memory. Bound: A_min, C_min
+    and E_min, the least A, least largest F+B and least largest tail over memory-feasible splits,
+    each minimised on its own; every 1F1B or GPipe pipeline of the grid takes at least
+    A_min + (m - 1)·C_min (and C >= A / pp), and the evaluator adds the largest tail and the step
+    overhead. `options`: stage options by (device, shape, microbatch size, replicas), shared across
+    grids."""
+    _, tp, cp, pp, b, recompute = grid
+    stage_nodes, dp, m = placement
     shape = StageShape(tp, cp, 1, 1, recompute)
     ctx = OptionContext(model, training, b, dp, dp, cluster.single_node)
     positions = []
@@ -151,20 +177,30 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     """The fastest Megatron-expressible plan (see module docstring), or None if none fits; of
     equally fast ones, the first grid in the order (nodes, tp, cp, pp, microbatch size, recompute).
 
-    Every grid is laid out first (one DP for its least A, `_layout`); layer splits are then solved
-    in order of the layouts' bounds, and a grid is skipped once its bound shows it cannot beat the
-    best so far, nor tie it from an earlier place in the order (so the answer is the one the full
-    enumeration gives). 64 GPUs of the ladder: 2.6 s, against 111 s solving every grid's split."""
+    Grids are taken in order of a bound that needs no DP (`_work_bound`); each is then bounded by
+    its layout's DPs (`_layout`) and only then solved. A grid is skipped once a bound shows it
+    cannot beat the best so far, nor tie it from an earlier place in the order, so the answer is the
+    one the full enumeration gives. Ladder pools: 64 GPUs 1.4 s (111 s solving every grid's split),
+    256 GPUs 7.5 s, 1,024 GPUs 12.6 s."""
     grids = every_grid(model, cluster, training, micro_batches)
-    options: dict = {}
     placed: dict = {}
-    layouts = [(i, lay) for i, g in enumerate(grids)
-               if (lay := _layout(model, training, cluster, cost, g, options, placed)) is not None]
+    work: dict = {}
+    options: dict = {}
+    ranked = []
+    for i, grid in enumerate(grids):
+        placement = _placement(training, cluster, grid, placed)
+        if placement is not None:
+            ranked.append((_work_bound(model, training, cost, grid, placement, work), i, grid, placement))
     best: tuple[Plan, Prediction] | None = None
     best_at = (math.inf, len(grids))  # (step, place in the order) of the best so far
-    for i, lay in sorted(layouts, key=lambda x: (x[1].bound_s, x[0])):
-        if (lay.bound_s, i) >= best_at:
+    for cheap, i, grid, placement in sorted(ranked, key=lambda x: (x[0], x[1])):
+        if cheap > best_at[0]:
+            break  # this and every later grid is slower than the best
+        if (cheap, i) >= best_at:
             continue  # its step is at least its bound: neither faster nor an earlier tie
+        lay = _layout(model, training, cluster, cost, grid, placement, options)
+        if lay is None or (lay.bound_s, i) >= best_at:
+            continue
         found = _grid_plan(model, training, cluster, cost, lay)
         if found is not None and (found[1].step_s, i) < best_at:
             best, best_at = found, (found[1].step_s, i)
