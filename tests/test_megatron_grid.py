@@ -35,10 +35,13 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     options: dict = {}
     placed: dict = {}
     work: dict = {}
+    gpus_upto = [0]
+    for node in cluster.node_list:
+        gpus_upto.append(gpus_upto[-1] + node.gpus)
     best = None
     solved = 0
     for grid in mg.every_grid(MODEL, cluster, training, micro_batch_sizes(training)):
-        placement = mg._placement(training, cluster, grid, placed)
+        placement = mg._placement(training, cluster, grid, placed, gpus_upto)
         lay = None if placement is None else mg._layout(MODEL, training, cluster, COST, grid, placement, options)
         if lay is None:
             continue
