@@ -35,9 +35,7 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     options: dict = {}
     placed: dict = {}
     work: dict = {}
-    gpus_upto = [0]
-    for node in cluster.node_list:
-        gpus_upto.append(gpus_upto[-1] + node.gpus)
+    gpus_upto = mg.prefix_gpus(cluster)
     best = None
     solved = 0
     for grid in mg.every_grid(MODEL, cluster, training, micro_batch_sizes(training)):

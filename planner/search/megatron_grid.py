@@ -11,6 +11,7 @@ is the best Megatron plan under the cost model, in Megatron's rank order.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -88,6 +89,11 @@ def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed:
         return None
     stage_nodes, devs = placed[(n_nodes, width, pp)]
     return stage_nodes, dp, training.global_batch // (b * dp), devs
+
+
+def prefix_gpus(cluster: ClusterSpec) -> list[int]:
+    """GPUs of the first k nodes, for k = 0 .. number of nodes (what `_placement` reads)."""
+    return list(itertools.accumulate((n.gpus for n in cluster.node_list), initial=0))
 
 
 def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid: Grid, placement: tuple,
@@ -193,9 +199,7 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     placed: dict = {}
     work: dict = {}
     options: dict = {}
-    gpus_upto = [0]
-    for node in cluster.node_list:
-        gpus_upto.append(gpus_upto[-1] + node.gpus)
+    gpus_upto = prefix_gpus(cluster)
     ranked = []
     for i, grid in enumerate(grids):
         placement = _placement(training, cluster, grid, placed, gpus_upto)
