@@ -2,9 +2,10 @@
 
 `solvers.uniform_layers` (one block type, every stage count) and `solvers.two_runs` (one pair of
 block types, every (k1, k2)) each run their own sweep; a large pool has hundreds of pairs whose DPs
-are small, so per-call overhead dominated the frontier time. Here every row -- S stages of type x,
-or k1 stages of x followed by k2 stages of y -- is one row of a single DP over (stages left r,
-decoders left k), and the parametric sweep lowers every row's cap at once.
+are small, so per-call overhead dominated the frontier time. Here every row -- runs of stages, e.g.
+S stages of type x, or k1 stages of x then k2 of y, or k1 of x, k2 of y, then k3 of z -- is one row
+of a single DP over (stages left r, decoders left k), and the parametric sweep lowers every row's
+cap at once. Only the type of the r-th stage from the end differs between rows (`RowCodes.rev`).
 
 Without tail caps, a stage's best option for d decoders at flight f is the cheapest one whose memory
 fits: a cap on F+B either keeps that option or rules out every one. So each (kind, type, flight)
@@ -25,7 +26,23 @@ from solvers.partition import Split
 from solvers.two_runs import Point
 from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _minmax_conv, parametric_frontiers
 
-Row = tuple[Hashable, int, Hashable, int]  # (x, k1, y, k2): k1 stages of type x, then k2 of type y
+Row = tuple  # (x1, k1, x2, k2, ...): k1 stages of type x1, then k2 of type x2, ... (counts may be 0)
+
+
+def row_skeleton(row: Row) -> tuple:
+    """The stage types of a row, first stage first."""
+    return tuple(x for i in range(0, len(row), 2) for x in (row[i],) * row[i + 1])
+
+
+def skeleton_row(skeleton: tuple) -> Row:
+    """The row of a stage-type sequence: its runs as (type, count) pairs, flattened."""
+    out: list = []
+    for x in skeleton:
+        if out and out[-2] == x:
+            out[-1] += 1
+        else:
+            out += [x, 1]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,39 @@ def _least(kinds: list[Kind], capacities: list[float], flights: int) -> _Least:
     return _Least(np.stack(fb, axis=1), np.stack(option, axis=1))
 
 
+def _runs(row: Row) -> list[tuple[Hashable, int]]:
+    return [(row[i], row[i + 1]) for i in range(0, len(row), 2)]
+
+
+@dataclass(frozen=True)
+class RowCodes:
+    """Rows that fit in `n` slots (deduplicated, in first-seen order) coded against an order of view
+    keys: each row's stage count and the type index of its r-th stage from the end. Built once,
+    reused per call."""
+
+    live: list[Row]
+    total: np.ndarray  # (B,) stages per row
+    rev: np.ndarray  # (B, L + 1): rev[b, r] = type index of row b's r-th stage from the end (r >= 1)
+
+    @classmethod
+    def of(cls, keys: list[Hashable], rows: list[Row], n: int) -> RowCodes:
+        at = {key: i for i, key in enumerate(keys)}
+        live = [r for r in dict.fromkeys(rows) if _is_live(r, n)]
+        longest = max((sum(k for _, k in _runs(r)) for r in live), default=0)
+        total = np.zeros(len(live), dtype=np.int64)
+        rev = np.zeros((len(live), longest + 1), dtype=np.int64)
+        for b, row in enumerate(live):
+            seq = [at[x] for x, k in _runs(row) for _ in range(k)]
+            total[b] = len(seq)
+            rev[b, 1:len(seq) + 1] = seq[::-1]
+        return cls(live, total, rev)
+
+
+def _is_live(row: Row, n: int) -> bool:
+    counts = row[1::2]
+    return len(row) % 2 == 0 and all(k >= 0 for k in counts) and 1 <= sum(counts) <= n
+
+
 class _Batch:
     """The per-type least-cost tables and a solver of every row under per-row F+B caps."""
 
@@ -61,14 +111,14 @@ class _Batch:
         self.big_n = views[0].decoders
         self.n = views[0].n
 
-    def solve(self, rows: list[tuple[int, int, int, int]], caps: np.ndarray) -> list[Split | None]:
-        """Least-A split of each row (x, k1, y, k2) under its cap (None where none fits)."""
+    def solve(self, codes: RowCodes, ids: list[int], caps: np.ndarray) -> list[Split | None]:
+        """Least-A split of each row `codes.live[i]`, i in `ids`, under its cap (None where none fits)."""
         big_n = self.big_n
-        out: list[Split | None] = [None] * len(rows)
-        arr = np.array(rows, dtype=np.int64).reshape(len(rows), 4)
-        total = arr[:, 1] + arr[:, 3]
+        out: list[Split | None] = [None] * len(ids)
+        idx = np.asarray(ids, dtype=np.int64)
+        total, rev = codes.total[idx], codes.rev[idx]
         for b in np.flatnonzero(total == 1):
-            x = int(arr[b, 0])
+            x = int(rev[b, 1])
             fb = self.whole.fb[1, x, big_n]
             if math.isfinite(fb) and fb <= caps[b]:
                 out[b] = self._single(x, int(self.whole.option[1, x, big_n]))
@@ -76,29 +126,29 @@ class _Batch:
         if not len(order):
             return out
         order = order[np.argsort(-total[order], kind="stable")]  # rows still in the DP: a prefix
-        x, y, k2, tot = arr[order, 0], arr[order, 2], arr[order, 3], total[order]
+        rev, tot = rev[order], total[order]
         cap = caps[order][:, None]
-        value = self.last.fb[1, y]
+        value = self.last.fb[1, rev[:, 1]]
         value = np.where(value <= cap, value, INF)  # (B, D): r stages covering the last k decoders
         rest = big_n - np.arange(big_n + 1)
         trace: list[np.ndarray] = []
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:
-                stage = self.mid.fb[r, np.where(r > k2[:active], x[:active], y[:active])]
+                stage = self.mid.fb[r, rev[:active, r]]
                 stage = np.where(stage <= cap[:active], stage, INF)
                 value, arg_d = _conv(stage, value[:active])
                 trace.append(arg_d)
             done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
             if not len(done):
                 continue
-            first = self.first.fb[r + 1, x[done]]
+            first = self.first.fb[r + 1, rev[done, r + 1]]
             first = np.where(first <= cap[done], first, INF)
             sums = first + value[done][:, rest]
             d0 = np.argmin(sums, axis=1)
             ok = np.isfinite(sums[np.arange(len(done)), d0])
             for b, d in zip(done[ok].tolist(), d0[ok].tolist()):
-                out[int(order[b])] = self._recover(b, r + 1, d, int(x[b]), int(y[b]), int(k2[b]), trace)
+                out[int(order[b])] = self._recover(b, r + 1, d, rev[b].tolist(), trace)
         return out
 
     def _single(self, x: int, o: int) -> Split:
@@ -106,15 +156,15 @@ class _Batch:
         return Split(((0, self.n - 1),), (o,), (float(kind.fb[o, self.big_n]),),
                      (float(kind.tail[o, self.big_n]),))
 
-    def _recover(self, b: int, s: int, d0: int, x: int, y: int, k2: int, trace: list[np.ndarray]) -> Split:
+    def _recover(self, b: int, s: int, d0: int, rev: list[int], trace: list[np.ndarray]) -> Split:
         big_n, n = self.big_n, self.n
-        o = int(self.first.option[s, x, d0])
-        kind = self.views[x].first
+        o = int(self.first.option[s, rev[s], d0])
+        kind = self.views[rev[s]].first
         ranges, options, fbs, tails = [(0, d0)], [o], [float(kind.fb[o, d0])], [float(kind.tail[o, d0])]
         k, start = big_n - d0, 1 + d0
         for r in range(s - 1, 1, -1):
             d = int(trace[r - 2][b, k])
-            t = x if r > k2 else y
+            t = rev[r]
             o = int(self.mid.option[r, t, d])
             kind = self.views[t].mid
             ranges.append((start, start + d - 1))
@@ -123,6 +173,7 @@ class _Batch:
             tails.append(float(kind.tail[o, d]))
             start += d
             k -= d
+        y = rev[1]
         o = int(self.last.option[1, y, k])
         kind = self.views[y].last
         ranges.append((start, n - 1))
@@ -134,28 +185,21 @@ class _Batch:
 
 def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
                       budget: Budget | None = None) -> dict[Row, list[Split]]:
-    """Every non-dominated (A, C) split of each row (x, k1, y, k2): k1 stages of `views[x]` then
-    k2 of `views[y]` (k2 = 0: a homogeneous pipeline of k1 stages). Option indices refer to each
-    stage's own view. Rows with no stage, or more stages than layer slots, are left out."""
+    """Every non-dominated (A, C) split of each row (x1, k1, x2, k2, ...): k1 stages of `views[x1]`,
+    then k2 of `views[x2]`, ... Option indices refer to each stage's own view. Rows with no stage,
+    or more stages than layer slots, are left out."""
     keys = list(views)
     if not keys:
         return {}
-    at = {key: i for i, key in enumerate(keys)}
-    n = views[keys[0]].n
-    live = sorted({r for r in rows if r[1] >= 1 and r[3] >= 0 and r[1] + r[3] <= n},
-                  key=lambda r: (at[r[0]], r[1], at[r[2]], r[3]))
-    if not live:
+    codes = RowCodes.of(keys, rows, views[keys[0]].n)
+    if not codes.live:
         return {}
-
-    def internal(row: Row) -> tuple[int, int, int, int]:
-        x, k1, y, k2 = row
-        if k2 == 0:  # homogeneous: the same DP with its bottom stage as a one-stage run of x
-            return (at[x], k1 - 1, at[x], 1) if k1 >= 2 else (at[x], 1, at[x], 0)
-        return at[x], k1, at[y], k2
-
-    coded = {r: internal(r) for r in live}
-    batch = _Batch([views[k] for k in keys], max(r[1] + r[3] for r in live))
-    return parametric_frontiers(lambda rs, caps: batch.solve([coded[r] for r in rs], caps), live, budget=budget)
+    batch = _Batch([views[k] for k in keys], int(codes.total.max()))
+    at = {row: i for i, row in enumerate(codes.live)}
+    order = sorted(range(len(codes.live)), key=lambda i: codes.rev[i, codes.total[i]:0:-1].tolist())
+    found = parametric_frontiers(lambda rs, caps: batch.solve(codes, [at[r] for r in rs], caps),
+                                 [codes.live[i] for i in order], budget=budget)
+    return found
 
 
 def _least_tail(kinds: list[Kind], capacities: list[float], flights: int) -> np.ndarray:
@@ -169,26 +213,9 @@ def _least_tail(kinds: list[Kind], capacities: list[float], flights: int) -> np.
     return np.stack(out, axis=1)
 
 
-@dataclass(frozen=True)
-class RowCodes:
-    """Rows (x, k1, y, k2) that fit in `n` slots, deduplicated, and their codes against an order
-    of view keys (homogeneous ones as a one-stage bottom run of x); built once, reused per call."""
-
-    live: list[Row]
-    coded: np.ndarray  # (B, 4): type index of x, k1, type index of y, k2
-
-    @classmethod
-    def of(cls, keys: list[Hashable], rows: list[Row], n: int) -> RowCodes:
-        at = {key: i for i, key in enumerate(keys)}
-        live = [r for r in dict.fromkeys(rows) if r[1] >= 1 and r[3] >= 0 and r[1] + r[3] <= n]
-        coded = np.array([(at[x], k1 - 1, at[x], 1) if k2 == 0 and k1 >= 2 else (at[x], k1, at[y], k2)
-                          for x, k1, y, k2 in live], dtype=np.int64).reshape(len(live), 4)
-        return cls(live, coded)
-
-
 def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:
-    """Least possible largest stage tail over every memory-feasible split of each row (x, k1, y, k2)
-    (as in `batched_frontiers`); equals `uniform_layers.min_max_tails` and
+    """Least possible largest stage tail over every memory-feasible split of each row (as in
+    `batched_frontiers`); equals `uniform_layers.min_max_tails` and
     `two_runs.chain_min_max_tails` row by row, in one (min, max) DP for all rows."""
     keys = list(views)
     if not keys:
@@ -206,28 +233,26 @@ def coded_min_max_tails(views: list[UniformView], codes: RowCodes) -> np.ndarray
         return out
     caps = [v.capacity for v in views]
     big_n = views[0].decoders
-    coded = codes.coded
-    total = coded[:, 1] + coded[:, 3]
+    total = codes.total
     ones = np.flatnonzero(total == 1)
-    out[ones] = _least_tail([v.whole for v in views], caps, 1)[1, coded[ones, 0], big_n]
+    out[ones] = _least_tail([v.whole for v in views], caps, 1)[1, codes.rev[ones, 1], big_n]
     order = np.flatnonzero(total >= 2)
     if not len(order):
         return out
     order = order[np.argsort(-total[order], kind="stable")]
-    x, y, k2, tot = coded[order, 0], coded[order, 2], coded[order, 3], total[order]
+    rev, tot = codes.rev[order], total[order]
     flights = int(tot[0])
     first = _least_tail([v.first for v in views], caps, flights)
     mid = _least_tail([v.mid for v in views], caps, flights)
-    value = _least_tail([v.last for v in views], caps, 1)[1, y]  # (B, D)
+    value = _least_tail([v.last for v in views], caps, 1)[1, rev[:, 1]]  # (B, D)
     rest = big_n - np.arange(big_n + 1)
     for r in range(1, flights):
         active = int(np.count_nonzero(tot > r))
         if r >= 2:
-            stage = mid[r, np.where(r > k2[:active], x[:active], y[:active])]
-            value = _minmax_conv(stage, value[:active])
+            value = _minmax_conv(mid[r, rev[:active, r]], value[:active])
         done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
         if len(done):
-            out[order[done]] = np.min(np.maximum(first[r + 1, x[done]], value[done][:, rest]), axis=1)
+            out[order[done]] = np.min(np.maximum(first[r + 1, rev[done, r + 1]], value[done][:, rest]), axis=1)
     return out
 
 
@@ -260,24 +285,26 @@ def _capped_least(kind: _Padded, flight: int, types: np.ndarray, caps: np.ndarra
     return np.where(ok, fits, INF).min(axis=1)
 
 
+
+
 def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
                           ecaps: list[float]) -> dict[int, list[tuple[float, float]]]:
-    """For each row i (x, k1, y, k2) and its tail cap `ecaps[i]`, every non-dominated (A, C) of the
-    splits whose every stage tail is <= the cap, keyed by i (rows without such a split left out).
-    Equals `uniform_layers.tail_capped_frontiers` and `two_runs.tail_capped_chain_frontiers`
-    row by row; all rows advance in one parametric sweep."""
+    """For each row i (as in `batched_frontiers`) and its tail cap `ecaps[i]`, every non-dominated
+    (A, C) of the splits whose every stage tail is <= the cap, keyed by i (rows without such a
+    split left out). Equals `uniform_layers.tail_capped_frontiers` and
+    `two_runs.tail_capped_chain_frontiers` row by row; all rows advance in one parametric sweep."""
     keys = list(views)
-    at = {key: i for i, key in enumerate(keys)}
     n = views[keys[0]].n if keys else 0
-    live = [i for i, r in enumerate(rows) if r[1] >= 1 and r[3] >= 0 and r[1] + r[3] <= n]
+    live = [i for i, r in enumerate(rows) if _is_live(r, n)]
     if not live:
         return {}
-    coded = np.array([(at[x], k1 - 1, at[x], 1) if k2 == 0 and k1 >= 2 else (at[x], k1, at[y], k2)
-                      for x, k1, y, k2 in rows], dtype=np.int64).reshape(len(rows), 4)
+    codes = RowCodes.of(keys, [rows[i] for i in live], n)
+    code_of = {r: b for b, r in enumerate(codes.live)}
+    row_code = np.array([code_of.get(r, 0) for r in rows], dtype=np.int64)  # dead rows: never asked
     e_all = np.asarray(ecaps, dtype=float)
     vs = [views[k] for k in keys]
     caps_mem = [v.capacity for v in vs]
-    flights = int((coded[live, 1] + coded[live, 3]).max())
+    flights = int(codes.total.max())
     first = _padded([v.first for v in vs], caps_mem, flights)
     mid = _padded([v.mid for v in vs], caps_mem, flights)
     last = _padded([v.last for v in vs], caps_mem, 1)
@@ -288,11 +315,11 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
 
     def solve(ids: list[int], caps: np.ndarray) -> list[Point | None]:
         out: list[Point | None] = [None] * len(ids)
-        arr, ecap = coded[ids], e_all[ids]
-        total = arr[:, 1] + arr[:, 3]
+        code = row_code[ids]
+        total, rev, ecap = codes.total[code], codes.rev[code], e_all[ids]
         ones = np.flatnonzero(total == 1)
         if len(ones):
-            fb = _capped_least(whole, 1, arr[ones, 0], caps[ones], ecap[ones])[:, big_n]
+            fb = _capped_least(whole, 1, rev[ones, 1], caps[ones], ecap[ones])[:, big_n]
             for b, v in zip(ones.tolist(), fb.tolist()):
                 if math.isfinite(v):
                     out[b] = Point(v, v)
@@ -300,22 +327,21 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
         if not len(order):
             return out
         order = order[np.argsort(-total[order], kind="stable")]
-        x, y, k2, tot = arr[order, 0], arr[order, 2], arr[order, 3], total[order]
+        rev, tot = rev[order], total[order]
         cap, e = caps[order], ecap[order]
-        value = _capped_least(last, 1, y, cap, e)
+        value = _capped_least(last, 1, rev[:, 1], cap, e)
         cmax = value.copy()  # the bottleneck along each best path
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:
-                kinds = np.where(r > k2[:active], x[:active], y[:active])  # stage r from the end
-                stage = _capped_least(mid, r, kinds, cap[:active], e[:active])
+                stage = _capped_least(mid, r, rev[:active, r], cap[:active], e[:active])
                 value, arg_d = _conv(stage, value[:active])
                 cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
                                   np.take_along_axis(cmax[:active], np.clip(k_idx - arg_d, 0, big_n), axis=1))
             done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
             if not len(done):
                 continue
-            fb_first = _capped_least(first, r + 1, x[done], cap[done], e[done])
+            fb_first = _capped_least(first, r + 1, rev[done, r + 1], cap[done], e[done])
             sums = fb_first + value[done][:, rest]
             d0 = np.argmin(sums, axis=1)
             rows_k = np.arange(len(done))

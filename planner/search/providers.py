@@ -25,7 +25,7 @@ from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import RowCodes, batched_frontiers, coded_min_max_tails
+from solvers.batched_runs import Row, RowCodes, batched_frontiers, coded_min_max_tails, row_skeleton, skeleton_row
 from solvers.partition import StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
@@ -37,24 +37,15 @@ class ProviderStats:
     pruned: int = 0
 
 
-def _homogeneous_runs(skeletons: list[tuple[BlockType, ...]]) -> dict[BlockType, list[int]]:
-    """Stage counts of the single-run skeletons, per block type."""
-    out: dict[BlockType, list[int]] = {}
+def skeleton_rows(skeletons: list[tuple[BlockType, ...]]) -> dict[tuple[BlockType, ...], list[Row]]:
+    """Per group (a skeleton's run types in order, `TailLevels.skeleton_group`), the rows (runs
+    as (type, count) pairs, `batched_runs.skeleton_row`) of its skeletons, sorted by counts;
+    groups in first-seen order (homogeneous ones first, as `block_skeletons` lists them)."""
+    out: dict[tuple[BlockType, ...], set[Row]] = {}
     for sk in skeletons:
-        if len(set(sk)) == 1:
-            out.setdefault(sk[0], []).append(len(sk))
-    return out
-
-
-def _two_run_rows(skeletons: list[tuple[BlockType, ...]]) -> dict[tuple[BlockType, BlockType], list[tuple[int, int]]]:
-    """(k1, k2) of every skeleton made of exactly two runs, per (first, second) block type."""
-    out: dict[tuple[BlockType, BlockType], list[tuple[int, int]]] = {}
-    for sk in skeletons:
-        kinds = list(dict.fromkeys(sk))
-        if len(kinds) == 2:
-            k1 = sk.index(kinds[1])
-            out.setdefault((kinds[0], kinds[1]), []).append((k1, len(sk) - k1))
-    return out
+        row = skeleton_row(sk)
+        out.setdefault(row[0::2], set()).add(row)
+    return {g: sorted(rows, key=lambda r: r[1::2]) for g, rows in out.items()}
 
 
 def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) -> str:
@@ -100,7 +91,7 @@ class BlocksProvider(TailLevels):
         self._plan_use: list[tuple[int, ...]] | None = None  # see _plan_usage
         self._plan_stages: dict[int, tuple[TemplateStage, ...]] = {}  # see _template_stages
         self._class_levels: dict[tuple[int, int], tuple[dict, dict, dict]] = {}  # the class last refined
-        self._runs: tuple[dict, dict] | None = None
+        self._rows: dict[tuple[BlockType, ...], list[Row]] | None = None
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
         self._lb_row_cache: tuple | None = None  # see _lb_rows
@@ -109,12 +100,11 @@ class BlocksProvider(TailLevels):
         self._tails: dict[tuple[int, int], dict[BlockType, StageOptions]] = {}  # see _tail_options
 
     @property
-    def runs(self) -> tuple[dict[BlockType, list[int]], dict[tuple[BlockType, BlockType], list[tuple[int, int]]]]:
-        """Stage counts of the homogeneous skeletons per block type, and (k1, k2) of the two-run
-        ones per pair (computed once)."""
-        if self._runs is None:
-            self._runs = (_homogeneous_runs(self.skeletons), _two_run_rows(self.skeletons))
-        return self._runs
+    def rows(self) -> dict[tuple[BlockType, ...], list[Row]]:
+        """The skeletons' rows per group (`skeleton_rows`, computed once)."""
+        if self._rows is None:
+            self._rows = skeleton_rows(self.skeletons)
+        return self._rows
 
     @property
     def plan_protos(self) -> list[_Proto]:
@@ -167,12 +157,12 @@ class BlocksProvider(TailLevels):
         full = self._full_options(self._r_lb)
         n_cls = len(self.classes)
         out = []
-        for bt, counts in self.runs[0].items():
+        for (bt,), rows in self.rows.items():
             view = uniform_view(full[bt])
             if view is None:
                 self._relaxed = self.zero_tail_templates()
                 return self._relaxed
-            for s, a in least_a(view, counts).items():
+            for s, a in least_a(view, [k for _, k in rows]).items():
                 if a is not None:
                     out.append(Template(skeleton_usage((bt,) * s, n_cls), a, a / s, 0.0, None, ()))
         self._relaxed = prune_templates(out)
@@ -211,12 +201,9 @@ class BlocksProvider(TailLevels):
             rows.update(found)
             self.truncated = self.truncated or truncated
         out: list[_Proto] = []
-        for bt, counts in self.runs[0].items():
-            for s in sorted(set(counts)):
-                out.extend(rows.get((bt, s, bt, 0), ()))
-        for (x, y), pair_rows in self.runs[1].items():
-            for k1, k2 in sorted(set(pair_rows)):
-                out.extend(rows.get((x, k1, y, k2), ()))
+        for group_rows in self.rows.values():
+            for row in group_rows:
+                out.extend(rows.get(row, ()))
         for _, general, _ in parts:
             out.extend(general)
         self.stats.templates += len(out)
@@ -226,29 +213,27 @@ class BlocksProvider(TailLevels):
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
         those of the skeletons the general DP solves; and whether the deadline cut them short."""
         full = self._full_options(r_mem)
-        runs, pairs = self.runs
+        used = list(dict.fromkeys(bt for g in self.rows for bt in g))
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
-        for bt in dict.fromkeys([*runs, *(bt for xy in pairs for bt in xy)]):
+        for bt in used:
             if bt not in self._uniform:
                 self._uniform[bt] = uniform_view(full[bt]) is not None
         opts, _, keep = pruned_options(full, self.shapes, use_tail=False, uniform=self._uniform)
         budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
-        views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None
-                 for bt in dict.fromkeys([*runs, *(bt for xy in pairs for bt in xy)])}
-        # identical decoder layers: every homogeneous and two-run skeleton in one batched sweep
-        rows = [(bt, s, bt, 0) for bt, counts in runs.items() if views[bt] is not None for s in sorted(set(counts))]
-        rows += [(x, k1, y, k2) for (x, y), pair_rows in pairs.items()
-                 if views[x] is not None and views[y] is not None for k1, k2 in sorted(set(pair_rows))]
+        views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in used}
+        # identical decoder layers: every skeleton of uniform types in one batched sweep
+        rows = [row for g, group_rows in self.rows.items() if all(views[bt] is not None for bt in g)
+                for row in group_rows]
         found = batched_frontiers({bt: v for bt, v in views.items() if v is not None}, rows[part::parts], budget)
         out: dict[tuple, list[_Proto]] = {}
-        for (x, k1, y, k2), splits in found.items():
-            sk = (x,) * k1 + (y,) * k2
-            out[(x, k1, y, k2)] = [_Proto(sk, sp.a_s, sp.c_s, sp.ranges,
-                                          tuple(keep[bt][o] for bt, o in zip(sk, sp.options))) for sp in splits]
+        for row, splits in found.items():
+            sk = row_skeleton(row)
+            out[row] = [_Proto(sk, sp.a_s, sp.c_s, sp.ranges,
+                               tuple(keep[bt][o] for bt, o in zip(sk, sp.options))) for sp in splits]
         general: list[_Proto] = []
         truncated = budget.hit
         for sk in self.skeletons if part == 0 else ():
-            if all(views.get(bt) is not None for bt in set(sk)) and len(set(sk)) <= 2:
+            if all(views.get(bt) is not None for bt in set(sk)):
                 continue
             if self.deadline is not None and time.perf_counter() > self.deadline:
                 truncated = True
@@ -299,11 +284,9 @@ class BlocksProvider(TailLevels):
         skeleton its row, or -1 (then the general DP gives its least tail)."""
         if self._lb_row_cache is None or self._lb_row_cache[0] != keys:
             have = set(keys)
-            rows = [(bt, s, bt, 0) for bt, counts in self.runs[0].items() if bt in have for s in counts]
-            rows += [(x, k1, y, k2) for (x, y), pair_rows in self.runs[1].items()
-                     if x in have and y in have for k1, k2 in pair_rows]
+            rows = [row for g, group_rows in self.rows.items() if have.issuperset(g) for row in group_rows]
             codes = RowCodes.of(keys, rows, self.model.num_layer_slots)
-            at = {(x,) * k1 + (y,) * k2: i for i, (x, k1, y, k2) in enumerate(codes.live)}
+            at = {row_skeleton(row): i for i, row in enumerate(codes.live)}
             self._lb_row_cache = (keys, codes, [at.get(sk, -1) for sk in self._lb_index()[0]])
         return self._lb_row_cache[1], self._lb_row_cache[2]
 

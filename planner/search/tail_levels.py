@@ -17,7 +17,7 @@ import numpy as np
 from planner.search.options import pruned_options
 from planner.search.space import BlockType, StageShape, skeleton_usage
 from planner.search.templates import Template
-from solvers.batched_runs import batched_capped_points, batched_min_max_tails
+from solvers.batched_runs import Row, batched_capped_points, batched_min_max_tails, row_skeleton
 from solvers.partition import StageOptions, min_max_tail, tail_capped_frontier
 from solvers.uniform_layers import INF, uniform_view
 
@@ -53,14 +53,15 @@ class TailLevels:
     skeletons: list[tuple[BlockType, ...]]
     _class_levels: dict[tuple[int, int], tuple[dict, dict, dict]]
     _groups: dict | None
+    rows: dict[tuple[BlockType, ...], list[Row]]
     _uniform: dict[BlockType, bool]
 
     @staticmethod
     @functools.lru_cache(maxsize=1 << 16)  # asked once per template and refinement round
     def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
-        """The batch a skeleton's frontier is computed in: its block type, or its two run types."""
-        kinds = tuple(dict.fromkeys(skeleton))
-        return kinds if len(kinds) <= 2 else None
+        """The batch a skeleton's frontier is computed in: its run types in order (the runs of
+        `block_skeletons` are on pairwise different GPU classes, so these are its distinct types)."""
+        return tuple(dict.fromkeys(skeleton))
 
     def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
                         ratio: float = 1.5, deadline: float | None = None
@@ -158,15 +159,11 @@ class TailLevels:
                         if points:
                             out[g][2][(sk, j)] = points
                 continue
-            if len(g) == 1:
-                g_rows = [(g[0], s, g[0], 0) for s in sorted(set(self.runs[0].get(g[0], [])))]
-            else:
-                g_rows = [(g[0], k1, g[1], k2) for k1, k2 in sorted(set(self.runs[1].get(g, [])))]
-            for x, k1, y, k2 in g_rows:
+            for row in self.rows.get(g, []):
                 for j, e in enumerate(levels):
-                    rows.append((x, k1, y, k2))
+                    rows.append(row)
                     ecaps.append(e)
-                    where.append((g, (x,) * k1 + (y,) * k2, j))
+                    where.append((g, row_skeleton(row), j))
         live = {bt: v for bt, v in views.items() if v is not None}
         for i, points in batched_capped_points(live, rows, ecaps).items() if rows else ():
             g, sk, j = where[i]
@@ -188,8 +185,6 @@ class TailLevels:
         wanted = None if groups is None else {bt for g in groups for bt in g}
         views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items() if wanted is None or bt in wanted}
         views = {bt: v for bt, v in views.items() if v is not None}
-        rows = [(bt, s, bt, 0) for bt, counts in self.runs[0].items()
-                if bt in views and (groups is None or (bt,) in groups) for s in counts]
-        rows += [(x, k1, y, k2) for (x, y), pair_rows in self.runs[1].items()
-                 if x in views and y in views and (groups is None or (x, y) in groups) for k1, k2 in pair_rows]
-        return {(x,) * k1 + (y,) * k2: t for (x, k1, y, k2), t in batched_min_max_tails(views, rows).items()}
+        rows = [row for g, group_rows in self.rows.items() if all(bt in views for bt in g)
+                and (groups is None or g in groups) for row in group_rows]
+        return {row_skeleton(row): t for row, t in batched_min_max_tails(views, rows).items()}
