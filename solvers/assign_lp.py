@@ -250,6 +250,76 @@ def _fill(p: AssignProblem, counts: np.ndarray, order: np.ndarray, nonzero: list
     return out
 
 
+DIVE_MAX_COPIES = 4  # LP diving (`_dive`) only where a plan has at most this many pipelines
+
+
+def _dive(p: AssignProblem, lp: _CapacityLP, group_caps: np.ndarray, rep: np.ndarray) -> np.ndarray | None:
+    """LP diving: commit one copy of the template the LP uses most, re-solve the LP for the GPUs,
+    pipelines and microbatches left, until the copies hold all M microbatches (None if the LP
+    runs short first). With a few pipelines, rounding the LP's copies down loses a whole
+    pipeline's worth of GPUs; diving re-plans what is left after each choice."""
+    counts = np.zeros(len(p.a_s), dtype=np.int64)
+    left = p.avail.astype(float).copy()
+    copies_left = min(p.replicas[1], p.microbatches)
+    need = float(p.microbatches)
+    rows = np.vstack([lp.usage.T, np.ones((1, lp.usage.shape[0]))]).astype(float)
+    while need > 1e-9:
+        if copies_left <= 0:
+            return None
+        fits = np.all(lp.usage <= left[None, :], axis=1) & (rep >= 0)
+        value, x = SmallLP(rows, np.append(left, float(copies_left))).solve(np.where(fits, group_caps, 0.0))
+        lp.stats.ilp_solves += 1
+        if value < need * (1 - 1e-12) or not np.any(x > 1e-9):
+            return None
+        g = int(np.argmax(np.where(fits, x, -1.0)))
+        counts[rep[g]] += 1
+        left -= lp.usage[g]
+        copies_left -= 1
+        need -= float(group_caps[g])
+    return counts
+
+
+PAIR_MAX_COPIES = 2  # plans of at most this many pipelines are also found exactly (`_best_pair`)
+
+
+def _best_pair(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lo: float,
+               t_hi: float) -> np.ndarray | None:
+    """The copies (one or two, `p.replicas` permitting) with the least pipeline time in
+    [t_lo, t_hi] among the `allowed` templates, to 1e-9 relative: at a trial time the best
+    template of each usage group holds the most microbatches, so a pair of groups that fits the
+    GPUs and holds M exists exactly when such copies do. None if none holds M by `t_hi`."""
+    lo_r, hi_r = p.replicas[0], min(p.replicas[1], p.microbatches)
+    pairs = getattr(lp, "_pairs", None)
+    if pairs is None:
+        fit = np.all(lp.usage[:, None, :] + lp.usage[None, :, :] <= lp.avail[None, None, :], axis=2)
+        i, j = np.nonzero(np.triu(fit))
+        lp._pairs = pairs = (i, j)
+
+    def pick(t: float) -> np.ndarray | None:
+        best, rep = lp.best_per_group(_caps(p, allowed, t).astype(float))
+        if lo_r <= 1 <= hi_r:
+            one = np.flatnonzero(best >= p.microbatches)
+            if one.size:
+                counts = np.zeros(len(p.a_s), dtype=np.int64)
+                counts[rep[one[0]]] = 1
+                return counts
+        if lo_r <= 2 <= hi_r and pairs[0].size:
+            i, j = pairs
+            ok = np.flatnonzero((best[i] + best[j] >= p.microbatches) & (best[i] > 0) & (best[j] > 0))
+            if ok.size:
+                counts = np.zeros(len(p.a_s), dtype=np.int64)
+                counts[rep[i[ok[0]]]] += 1
+                counts[rep[j[ok[0]]]] += 1
+                return counts
+        return None
+
+    if pick(t_hi) is None:
+        return None
+    if pick(t_lo) is not None:
+        return pick(t_lo)
+    return pick(_least_true(lambda t: pick(t) is not None, t_lo, t_hi, 1e-9))
+
+
 def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb: float,
                    rel_tol: float) -> Assignment | None:
     """Integer plans near the LP optimum of the `allowed` templates: at a few pipeline times just
@@ -276,7 +346,16 @@ def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb:
         others = rep[rep >= 0]  # spare GPUs may also take other templates' copies
         support = support[np.lexsort((support, -caps[support] / gpus[support]))]
         others = others[np.lexsort((others, -caps[others] / gpus[others]))]
-        for counts in (floor, ceil):
+        tries = [floor, ceil]
+        if min(p.replicas[1], p.microbatches) <= PAIR_MAX_COPIES and step == 1e-4:
+            paired = _best_pair(p, lp, allowed, t_lb, t_lb * 1.25)
+            if paired is not None:
+                tries.append(paired)
+        if p.replicas[1] <= DIVE_MAX_COPIES:
+            dived = _dive(p, lp, group_best, rep)
+            if dived is not None:
+                tries.append(dived)
+        for counts in tries:
             if np.any(counts @ p.usage > p.avail):
                 continue
             counts = _fill(p, _fill(p, counts, support, nonzero), others, nonzero)

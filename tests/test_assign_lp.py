@@ -114,3 +114,70 @@ def test_unique_rows_matches_numpy_unique_on_rows(seed: int) -> None:
     found, inverse = unique_rows(usage)
     want, want_inverse = np.unique(usage, axis=0, return_inverse=True)
     assert np.array_equal(found, want) and np.array_equal(inverse, want_inverse.reshape(-1))
+
+
+def _least_few_copies(p: AssignProblem, allowed: np.ndarray, copies: int) -> float | None:
+    """Brute force: least max pipeline time of exactly `copies` copies (1 or 2) of allowed templates."""
+    best = None
+    idx = [t for t in range(len(p.a_s)) if allowed[t]]
+    for combo in itertools.combinations_with_replacement(idx, copies):
+        counts = np.zeros(len(p.a_s), dtype=np.int64)
+        for t in combo:
+            counts[t] += 1
+        if np.any(counts @ p.usage > p.avail):
+            continue
+        pipe = _pipe_time(p, tuple(counts.tolist()))
+        if pipe is not None and all(_pipe_time_ok(p, t, pipe) for t in combo):
+            best = pipe if best is None else min(best, pipe)
+    return best
+
+
+def _pipe_time_ok(p: AssignProblem, t: int, pipe: float) -> bool:
+    return pipe >= p.a_s[t] - 1e-12  # every copy runs at least one microbatch
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_pair_is_the_least_time_of_one_or_two_copies(seed: int) -> None:
+    """`_best_pair` returns copies as fast (to its 1e-9 bisection) as the best one or two copies
+    brute force finds, and they fit the GPUs and the replica range."""
+    from solvers.assign import SolverStats
+    from solvers.assign_lp import _CapacityLP, _best_pair, pipe_time_of, unique_rows
+
+    rng = np.random.default_rng(700 + seed)
+    p = _random_problem(rng)
+    p = AssignProblem(p.a_s, p.c_s, p.e_s, p.max_microbatches, p.usage, p.avail, p.microbatches,
+                      (int(rng.integers(1, 3)), 2))
+    allowed = rng.random(len(p.a_s)) < 0.8
+    usage, of = unique_rows(p.usage)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), SolverStats())
+    want = [v for k in range(p.replicas[0], 3) if (v := _least_few_copies(p, allowed, k)) is not None]
+    lo = float(np.min(p.a_s))
+    hi = float(np.max(p.a_s + p.microbatches * p.c_s)) * 2
+    got = _best_pair(p, lp, allowed, lo, hi)
+    if not want:
+        assert got is None
+        return
+    assert got is not None
+    assert np.all(got @ p.usage <= p.avail) and p.replicas[0] <= got.sum() <= 2 and not np.any(got[~allowed])
+    assert pipe_time_of(p, got) <= min(want) * (1 + 1e-8)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_dive_copies_fit_and_hold_the_batch(seed: int) -> None:
+    """LP diving commits whole copies that fit the GPUs and the pipeline count and, at the trial
+    time, hold every microbatch."""
+    from solvers.assign import SolverStats, _caps
+    from solvers.assign_lp import _CapacityLP, _dive, unique_rows
+
+    p = _random_problem(np.random.default_rng(900 + seed))
+    usage, of = unique_rows(p.usage)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), SolverStats())
+    t = float(np.max(p.a_s + p.microbatches * p.c_s))
+    caps = _caps(p, np.ones(len(p.a_s), dtype=bool), t)
+    best, rep = lp.best_per_group(caps.astype(float))
+    counts = _dive(p, lp, best, rep)
+    if counts is None:
+        return
+    assert np.all(counts @ p.usage <= p.avail)
+    assert counts.sum() <= min(p.replicas[1], p.microbatches)
+    assert int(caps @ counts) >= p.microbatches

@@ -115,3 +115,41 @@ def test_batched_capped_points_equal_per_group(seed: int) -> None:
         assert len(got[i]) == len(pts)
         assert all(math.isclose(a, b, rel_tol=1e-12) for p, q in zip(got[i], pts) for a, b in zip(p, q))
     assert any(len(v) > 1 for v in got.values())  # the instances have real frontiers
+
+
+def _three_run_rows(views: dict, n: int) -> list:
+    return [(x, k1, y, k2, z, k3) for x in views for y in views for z in views if x != y and y != z
+            for k1 in range(1, n) for k2 in range(1, n) for k3 in range(1, n) if k1 + k2 + k3 <= n]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_three_run_rows_match_the_general_dp(seed: int) -> None:
+    """Rows of three runs (x, k1, y, k2, z, k3): the (A, C) frontier, least largest tail and
+    tail-capped points of the general partition DP on the same stage sequence."""
+    from solvers.batched_runs import batched_capped_points, batched_min_max_tails, row_skeleton
+    from solvers.partition import min_max_tail, tail_capped_frontier
+
+    n, opts, views, _ = _instance(seed)
+    rows = _three_run_rows(views, n)
+    assert rows
+    got = batched_frontiers(views, rows)
+    tails = batched_min_max_tails(views, rows)
+    level = float(np.median([t for o in opts.values() for t in o.tail[np.isfinite(o.fb)]]))
+    capped = batched_capped_points(views, rows, [level] * len(rows))
+    for i, row in enumerate(rows):
+        positions = [opts[x] for x in row_skeleton(row)]
+        ref = split_frontier(positions, with_tail=False)
+        mine = got.get(row, [])
+        assert [(round(p.a_s, 9), round(p.c_s, 9)) for p in mine] == [(round(p.a_s, 9), round(p.c_s, 9)) for p in ref]
+        least = min_max_tail(positions)
+        assert (tails[row] is None) == (least is None) and (least is None or math.isclose(tails[row], least))
+        want = [(round(p.a_s, 9), round(p.c_s, 9)) for p in tail_capped_frontier(positions, level)]
+        assert [(round(a, 9), round(c, 9)) for a, c in capped.get(i, [])] == want
+
+
+def test_rows_and_skeletons_convert_both_ways() -> None:
+    from solvers.batched_runs import row_skeleton, skeleton_row
+
+    assert skeleton_row(("x", "x", "y", "z", "z")) == ("x", 2, "y", 1, "z", 2)
+    assert row_skeleton(("x", 2, "y", 1, "z", 2)) == ("x", "x", "y", "z", "z")
+    assert row_skeleton(("x", 3, "x", 0)) == ("x", "x", "x")

@@ -20,6 +20,7 @@ from planner.errors import HetplanError, InfeasibleError
 from planner.evaluate import evaluate
 from planner.plan import expand_devices
 from planner.search import search
+from planner.search.units import coverage_rank
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 from planner.specs.gpus import get_gpu
 from planner.specs.models import get_model
@@ -75,12 +76,14 @@ def _assert_sound(result, cluster: ClusterSpec) -> None:
     assert math.isfinite(result.gap) and result.gap >= 0, f"gap {result.gap}"
 
 
-def _in_searched_space(result, plan, cluster: ClusterSpec, max_blocks: int = 2) -> bool:
+def _in_searched_space(result, plan, cluster: ClusterSpec) -> bool:
     """Whether the search's coverage includes `plan`: always for "exact"; for "blocks<=k" only pipelines
-    of at most k runs of identical stage groups on pairwise different GPU classes, each running at
-    least as many microbatches as it has stages (the blocks provider's memory assumption)."""
+    of at most k runs of identical stage groups on pairwise different GPU classes (two-run ones
+    of at most `mixed<=K` stages, three-run ones of at most `triple<=K`), each running at least as
+    many microbatches as it has stages (the blocks provider's memory assumption)."""
     if result.coverage == "exact":
         return True
+    max_blocks, mixed, triple = coverage_rank(result.coverage)
     for pipe in plan.pipelines:
         groups = []
         for s in pipe.stages:
@@ -88,6 +91,8 @@ def _in_searched_space(result, plan, cluster: ClusterSpec, max_blocks: int = 2) 
             groups.append((node.gpu, node.gpus, s.num_gpus))
         runs = [g for k, g in enumerate(groups) if k == 0 or g != groups[k - 1]]
         if len(runs) > max_blocks or len({r[:2] for r in runs}) < len(runs) or pipe.microbatches < len(groups):
+            return False
+        if (len(runs) == 2 and len(groups) > mixed) or (len(runs) == 3 and len(groups) > triple):
             return False
     return True
 

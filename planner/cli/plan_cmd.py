@@ -87,7 +87,8 @@ def plan_command(
     micro_batches: str | None = typer.Option(None, "--micro-batches", help="microbatch sizes, e.g. 1,2,4"),
     time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap"),
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
-    max_blocks: int = typer.Option(2, "--max-blocks", min=1, help="runs of identical groups per pipeline (large pools)"),
+    max_blocks: int = typer.Option(3, "--max-blocks", min=1, max=3,
+                                   help="runs of identical groups per pipeline (large pools)"),
     refine_gap: float = typer.Option(0.015, "--refine-gap", min=0.0,
                                      help="large pools: tighten the bound until the gap is at most this "
                                           "(0.015 = 1.5 %)"),

@@ -36,7 +36,7 @@ from planner.search.parallel import UNIT_BATCH, UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_length,
+from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_lengths,
                                   skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -153,18 +153,21 @@ def _deferred_gc(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 
 @_deferred_gc
 def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, cost: CostModel | None = None,
-           time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 2,
-           exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, top_k: int = 3,
-           refine_gap: float | None = 0.015, workers: int = 1,
+           time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 3,
+           exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, triple_limit: int = 400,
+           top_k: int = 3, refine_gap: float | None = 0.015, workers: int = 1,
            progress: Progress | None = None, target: str | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
 
     Coverage per microbatch size: "exact" when the model has at most `exact_max_layers` slots and
     there are at most `exact_limit` ordered group sequences; else pipelines of up to `max_blocks`
     runs of identical groups, the two-run ones limited to the most stages that keep them within
-    `mixed_limit` skeletons ("blocks<=2,mixed<=K"), or homogeneous pipelines only when not even
-    two-stage mixed ones fit ("blocks<=1"; pipelines still differ from each other). The result's
-    coverage is the narrowest one used.
+    `mixed_limit` skeletons ("blocks<=2,mixed<=K"), the three-run ones within `triple_limit`
+    ("blocks<=3,triple<=K"; none when not even three-stage ones fit: they cost frontier time
+    and pay on small pools, e.g. one V100 -> A100 -> H100 pipeline on 8 GPUs, 5 % faster than any
+    plan of two runs), or homogeneous pipelines only when not even two-stage mixed ones fit
+    ("blocks<=1"; pipelines still differ from each other). The result's coverage is the narrowest
+    one used.
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`, then
@@ -186,6 +189,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     if target not in (None, "any", "slurm"):
         raise HetplanError("target", f"unknown target '{target}' (megatron, flagscale, torchtitan, deepspeed, "
                            "slurm, any)")
+    if max_blocks not in (1, 2, 3):
+        raise HetplanError("max_blocks", f"{max_blocks} runs per pipeline: 1, 2 or 3 are searched")
     if solver not in ("cpsat", "cbc", "highs"):
         raise HetplanError("solver", f"unknown solver '{solver}' (cpsat, cbc, highs)")
     if training.schedule != "1f1b":
@@ -226,9 +231,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             # the frontier enumeration stops at 80 % of the time limit (what it skipped is then
             # covered by the fluid bound); protos are built when a unit of this size is solved
             deadline = None if time_limit is None else start + 0.8 * time_limit
-            mixed_len = mixed_length(type_list, avail, n_slots, mixed_limit) if max_blocks >= 2 else None
-            provider = BlocksProvider(*args, max_blocks=max_blocks if mixed_len else 1, deadline=deadline,
-                                      max_mixed_len=mixed_len)
+            lens = mixed_lengths(type_list, avail, n_slots, (mixed_limit, triple_limit), max_blocks)
+            provider = BlocksProvider(*args, max_blocks=1 + len(lens), deadline=deadline, mixed_lens=lens)
         coverages.add(provider.coverage)
         providers.append(provider)
         microbatches = training.global_batch // b

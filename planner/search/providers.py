@@ -48,11 +48,14 @@ def skeleton_rows(skeletons: list[tuple[BlockType, ...]]) -> dict[tuple[BlockTyp
     return {g: sorted(rows, key=lambda r: r[1::2]) for g, rows in out.items()}
 
 
-def coverage_name(max_blocks: int, max_mixed_len: int | None, num_slots: int) -> str:
-    """'blocks<=2', or 'blocks<=2,mixed<=K' when pipelines of two runs are limited to K stages."""
-    if max_blocks >= 2 and max_mixed_len is not None and max_mixed_len < num_slots:
-        return f"blocks<={max_blocks},mixed<={max_mixed_len}"
-    return f"blocks<={max_blocks}"
+def coverage_name(max_blocks: int, mixed_lens: dict[int, int], num_slots: int) -> str:
+    """'blocks<=B', with ',mixed<=K' when pipelines of two runs are limited to K stages and
+    ',triple<=K' when those of three runs are."""
+    name = f"blocks<={max_blocks}"
+    for runs, label in ((2, "mixed"), (3, "triple")):
+        if runs <= max_blocks and mixed_lens.get(runs, num_slots) < num_slots:
+            name += f",{label}<={mixed_lens[runs]}"
+    return name
 
 
 class _Proto(NamedTuple):
@@ -70,12 +73,12 @@ class _Proto(NamedTuple):
 class BlocksProvider(TailLevels):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
-                 single_node: bool, max_blocks: int = 2, deadline: float | None = None,
-                 max_mixed_len: int | None = None) -> None:
+                 single_node: bool, max_blocks: int = 3, deadline: float | None = None,
+                 mixed_lens: dict[int, int] | None = None) -> None:
         self.cost, self.model, self.training, self.classes = cost, model, training, classes
         self.shapes, self.micro_batch, self.single_node = shapes, micro_batch, single_node
-        self.coverage = coverage_name(max_blocks, max_mixed_len, model.num_layer_slots)
-        self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks, max_mixed_len)
+        self.coverage = coverage_name(max_blocks, mixed_lens or {}, model.num_layer_slots)
+        self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks, mixed_lens)
         self.stats = ProviderStats(skeletons=len(self.skeletons))
         self.deadline = deadline
         self.truncated = False  # the deadline stopped the frontier enumeration: no bound from here

@@ -10,6 +10,7 @@ sequences of at most `max_blocks` runs of identical groups ("blocks" coverage).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -62,17 +63,25 @@ def count_sequences(types: list[BlockType], avail: tuple[int, ...], max_len: int
     return total
 
 
-def count_two_run_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int) -> int:
-    """How many skeletons of exactly two runs (on different classes), at most `max_len` stages,
-    `block_skeletons` would list."""
+def count_run_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int, runs: int) -> int:
+    """How many skeletons of exactly `runs` runs (on pairwise different classes), at most `max_len`
+    stages, `block_skeletons` would list: per ordered choice of run types, the run lengths
+    k_i <= avail // gpus with sum <= max_len (a product of truncated polynomials, memoised)."""
+    @functools.lru_cache(maxsize=None)
+    def ways(caps: tuple[int, ...]) -> int:
+        poly = np.zeros(max_len + 1, dtype=np.int64)
+        poly[0] = 1
+        for cap in caps:
+            step = np.zeros_like(poly)
+            for k in range(1, min(cap, max_len) + 1):
+                step[k:] += poly[:max_len + 1 - k]
+            poly = step
+        return int(poly.sum())
+
     total = 0
-    for x in types:
-        n_x = min(max_len - 1, avail[x.cls] // x.gpus)
-        for y in types:
-            if y.cls == x.cls:
-                continue
-            n_y = avail[y.cls] // y.gpus
-            total += sum(min(n_y, max_len - k1) for k1 in range(1, n_x + 1))
+    for seq in itertools.permutations(types, runs):
+        if len({bt.cls for bt in seq}) == runs:
+            total += ways(tuple(sorted(avail[bt.cls] // bt.gpus for bt in seq)))
     return total
 
 
@@ -96,34 +105,33 @@ def exact_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
     return out
 
 
-def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int,
-                    max_blocks: int, max_mixed_len: int | None = None) -> list[tuple[BlockType, ...]]:
+def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int, max_blocks: int,
+                    mixed_lens: dict[int, int] | None = None) -> list[tuple[BlockType, ...]]:
     """Sequences of at most `max_blocks` runs, each run `count` copies of one block type, the runs
-    on pairwise different GPU classes; skeletons of two or more runs have at most `max_mixed_len`
+    on pairwise different GPU classes; skeletons of r >= 2 runs have at most `mixed_lens[r]`
     stages (default `max_len`)."""
-    mixed_len = max_len if max_mixed_len is None else min(max_len, max_mixed_len)
+    lens = mixed_lens or {}
     out: list[tuple[BlockType, ...]] = []
 
-    def walk(prefix: list[BlockType], used: list[int], blocks: int, last: BlockType | None) -> None:
+    def walk(prefix: list[BlockType], used: list[int], blocks: int) -> None:
         if blocks == max_blocks:
             return
+        limit = min(max_len, lens.get(blocks + 1, max_len)) if blocks else max_len
         seen = {b.cls for b in prefix}
         for bt in types:
             if bt.cls in seen:
                 continue
             for count in itertools.count(1):
-                if len(prefix) + count > max_len or used[bt.cls] + count * bt.gpus > avail[bt.cls]:
+                if len(prefix) + count > limit or used[bt.cls] + count * bt.gpus > avail[bt.cls]:
                     break
                 run = [bt] * count
-                if prefix and len(prefix) + count > mixed_len:
-                    break
                 used[bt.cls] += count * bt.gpus
                 out.append(tuple(prefix + run))
-                walk(prefix + run, used, blocks + 1, bt)
+                walk(prefix + run, used, blocks + 1)
                 used[bt.cls] -= count * bt.gpus
 
-    walk([], [0] * len(avail), 0, None)
-    # homogeneous pipelines first, shortest first: a deadline keeps the most useful ones
+    walk([], [0] * len(avail), 0)
+    # fewest runs first, shortest first: a deadline keeps the most useful ones
     return sorted(out, key=lambda sk: (len({bt for bt in sk}), len(sk), sk))
 
 

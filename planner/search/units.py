@@ -18,7 +18,7 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
-from planner.search.templates import PackedTemplates, Template, count_two_run_skeletons, prune_templates
+from planner.search.templates import PackedTemplates, Template, count_run_skeletons, prune_templates
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -103,26 +103,35 @@ class SolvedUnit:
         return finer[0] if finer else None
 
 
-def coverage_rank(name: str) -> tuple[int, int]:
-    """Narrowest first: blocks<=1, then blocks<=2 with the shortest mixed pipelines, ..., exact."""
+def coverage_rank(name: str) -> tuple[int, int, int]:
+    """Narrowest first: blocks<=1, then blocks<=2 with the shortest mixed pipelines, ..., blocks<=3
+    (three-run pipelines limited to `triple<=K` stages), ..., exact."""
     if name == "exact":
-        return (9, 0)
-    blocks = int(name.split(",")[0].split("<=")[1])
-    mixed = int(name.split("mixed<=")[1]) if "mixed<=" in name else 10**6
-    return (blocks, mixed)
+        return (9, 0, 0)
+    parts = dict(p.split("<=") for p in name.split(","))
+    return (int(parts["blocks"]), int(parts.get("mixed", 10**6)), int(parts.get("triple", 10**6)))
 
 
-def mixed_length(types: list, avail: tuple[int, ...], n_slots: int, limit: int) -> int | None:
-    """Longest two-run pipelines (in stages) that keep the two-run skeletons within `limit`; None
-    when not even two-stage ones fit (then only homogeneous pipelines are searched)."""
-    if count_two_run_skeletons(types, avail, n_slots) <= limit:
-        return n_slots
-    best = None
-    for length in range(2, n_slots + 1):
-        if count_two_run_skeletons(types, avail, length) > limit:
+def mixed_lengths(types: list, avail: tuple[int, ...], n_slots: int, limits: tuple[int, ...],
+                  max_blocks: int) -> dict[int, int]:
+    """For r = 2 .. `max_blocks` runs, the longest pipelines (in stages) that keep the r-run
+    skeletons within `limits[r - 2]` (the last limit for more runs); stops at the first r for
+    which not even r stages fit (then no pipeline of r or more runs is searched)."""
+    out: dict[int, int] = {}
+    for runs in range(2, max_blocks + 1):
+        limit = limits[min(runs - 2, len(limits) - 1)]
+        if count_run_skeletons(types, avail, n_slots, runs) <= limit:
+            out[runs] = n_slots
+            continue
+        best = None
+        for length in range(runs, n_slots + 1):
+            if count_run_skeletons(types, avail, length, runs) > limit:
+                break
+            best = length
+        if best is None:
             break
-        best = length
-    return best
+        out[runs] = best
+    return out
 
 
 def skip_units(keyed: list[tuple[float | None, int, Unit]], overhead: float, ctx: UnitContext) -> None:
