@@ -15,6 +15,9 @@ solved without integer programs, for pools where copies number in the hundreds:
 * Plan. At a few trial times just above the bound, the LP's copy counts rounded down (and up where
   the GPUs allow), spare GPUs filled with copies of the same and then other templates; each candidate
   is scored exactly (`pipe_time_of`) and the best dealt out by water-filling (`solvers.deal`).
+  With at most `DIVE_MAX_COPIES` pipelines the LP is also dived (`_dive`), and with at most two the
+  fastest one or two copies are found exactly (`_best_pair`): rounding a handful of fractional
+  copies down is where plans of small pools lost most.
   The plan is a real plan of the templates; its distance to the bound is the gap the search reports.
 """
 
@@ -51,6 +54,7 @@ class _CapacityLP:
         self._order = order  # templates grouped by usage group, for `best_per_group`
         self._starts = np.flatnonzero(np.r_[True, np.diff(self.of[order]) != 0])
         self._lp: SmallLP | None = None
+        self._pairs: tuple[np.ndarray, np.ndarray] | None = None
 
     def nonzero_usage(self) -> list[list[tuple[int, int]]]:
         """Per template, its (class, GPUs) pairs with GPUs > 0 (computed once)."""
@@ -58,6 +62,13 @@ class _CapacityLP:
             per_group = [[(int(k), int(u)) for k, u in enumerate(row) if u] for row in self.usage.tolist()]
             self._nonzero = [per_group[g] for g in self.of.tolist()]
         return self._nonzero
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Usage groups (i, j), i <= j, whose copies fit the GPUs together (computed once)."""
+        if self._pairs is None:
+            fit = np.all(self.usage[:, None, :] + self.usage[None, :, :] <= self.avail[None, None, :], axis=2)
+            self._pairs = np.nonzero(np.triu(fit))
+        return self._pairs
 
     def best_per_group(self, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Largest capacity of each usage group and the (lowest-index) template reaching it."""
@@ -289,11 +300,7 @@ def _best_pair(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lo: flo
     template of each usage group holds the most microbatches, so a pair of groups that fits the
     GPUs and holds M exists exactly when such copies do. None if none holds M by `t_hi`."""
     lo_r, hi_r = p.replicas[0], min(p.replicas[1], p.microbatches)
-    pairs = getattr(lp, "_pairs", None)
-    if pairs is None:
-        fit = np.all(lp.usage[:, None, :] + lp.usage[None, :, :] <= lp.avail[None, None, :], axis=2)
-        i, j = np.nonzero(np.triu(fit))
-        lp._pairs = pairs = (i, j)
+    pairs = lp.pairs()
 
     def pick(t: float) -> np.ndarray | None:
         best, rep = lp.best_per_group(_caps(p, allowed, t).astype(float))

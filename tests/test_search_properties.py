@@ -79,11 +79,11 @@ def _assert_sound(result, cluster: ClusterSpec) -> None:
 def _in_searched_space(result, plan, cluster: ClusterSpec) -> bool:
     """Whether the search's coverage includes `plan`: always for "exact"; for "blocks<=k" only pipelines
     of at most k runs of identical stage groups on pairwise different GPU classes (two-run ones
-    of at most `mixed<=K` stages, three-run ones of at most `triple<=K`), each running at least as
-    many microbatches as it has stages (the blocks provider's memory assumption)."""
+    of at most `mixed<=K` stages), each running at least as many microbatches as it has stages (the
+    blocks provider's memory assumption)."""
     if result.coverage == "exact":
         return True
-    max_blocks, mixed, triple = coverage_rank(result.coverage)
+    max_blocks, mixed = coverage_rank(result.coverage)
     for pipe in plan.pipelines:
         groups = []
         for s in pipe.stages:
@@ -92,7 +92,7 @@ def _in_searched_space(result, plan, cluster: ClusterSpec) -> bool:
         runs = [g for k, g in enumerate(groups) if k == 0 or g != groups[k - 1]]
         if len(runs) > max_blocks or len({r[:2] for r in runs}) < len(runs) or pipe.microbatches < len(groups):
             return False
-        if (len(runs) == 2 and len(groups) > mixed) or (len(runs) == 3 and len(groups) > triple):
+        if len(runs) == 2 and len(groups) > mixed:
             return False
     return True
 

@@ -141,7 +141,8 @@ def _runs(skeleton: tuple) -> int:
 @pytest.mark.parametrize("seed", range(6))
 def test_run_counts_and_mixed_lengths_match_the_listed_skeletons(seed: int) -> None:
     """`count_run_skeletons` counts what `block_skeletons` lists, per number of runs, and
-    `mixed_lengths` picks the longest lengths within each limit."""
+    `mixed_lengths` picks the longest lengths within each limit (three-run pipelines at every
+    length or not at all)."""
     import numpy as np
 
     from planner.search.space import BlockType
@@ -163,6 +164,9 @@ def test_run_counts_and_mixed_lengths_match_the_listed_skeletons(seed: int) -> N
     for runs, length in lens.items():
         assert count_run_skeletons(types, avail, length, runs) <= limits[runs - 2]
         assert length == max_len or count_run_skeletons(types, avail, length + 1, runs) > limits[runs - 2]
+    # three runs: every length or none
+    assert lens.get(3) in (None, max_len)
+    assert (3 in lens) == (2 in lens and count_run_skeletons(types, avail, max_len, 3) <= limits[1])
 
 
 def test_three_run_pipelines_are_searched_on_small_pools() -> None:

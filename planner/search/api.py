@@ -162,11 +162,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     Coverage per microbatch size: "exact" when the model has at most `exact_max_layers` slots and
     there are at most `exact_limit` ordered group sequences; else pipelines of up to `max_blocks`
     runs of identical groups, the two-run ones limited to the most stages that keep them within
-    `mixed_limit` skeletons ("blocks<=2,mixed<=K"), the three-run ones within `triple_limit`
-    ("blocks<=3,triple<=K"; none when not even three-stage ones fit: they cost frontier time
-    and pay on small pools, e.g. one V100 -> A100 -> H100 pipeline on 8 GPUs, 5 % faster than any
-    plan of two runs), or homogeneous pipelines only when not even two-stage mixed ones fit
-    ("blocks<=1"; pipelines still differ from each other). The result's coverage is the narrowest
+    `mixed_limit` skeletons ("blocks<=2,mixed<=K"), the three-run ones all when there are at most
+    `triple_limit` ("blocks<=3": they pay on small pools, e.g. one V100 -> A100 -> H100 pipeline on
+    8 GPUs, 5 % faster than any plan of two runs, and cost frontier time), or homogeneous
+    pipelines only when not even two-stage mixed ones fit ("blocks<=1"; pipelines still differ
+    from each other). The result's coverage is the narrowest
     one used.
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened

@@ -3,8 +3,8 @@ and one replica class [lo, hi], as two sets: templates to build plans from, and 
 whose assignment optimum is a lower bound for every plan of the covered space.
 
 * `ExactProvider` (`exact_provider`, small pools): every ordered sequence of stage groups.
-* `BlocksProvider` (large pools): pipelines of at most two runs of identical groups of different GPU
-  classes; the (A, C) frontier is computed once per microbatch size (it does not depend on the
+* `BlocksProvider` (large pools): pipelines of at most three runs of identical groups of pairwise
+  different GPU classes; the (A, C) frontier is computed once per microbatch size (it does not depend on the
   replica count) and each template's tail is re-costed per class. The bound uses, per skeleton, the
   least tail any split can have, so it holds for every plan of that space; memory assumes each
   pipeline runs at least as many microbatches as it has stages.
@@ -49,13 +49,11 @@ def skeleton_rows(skeletons: list[tuple[BlockType, ...]]) -> dict[tuple[BlockTyp
 
 
 def coverage_name(max_blocks: int, mixed_lens: dict[int, int], num_slots: int) -> str:
-    """'blocks<=B', with ',mixed<=K' when pipelines of two runs are limited to K stages and
-    ',triple<=K' when those of three runs are."""
-    name = f"blocks<={max_blocks}"
-    for runs, label in ((2, "mixed"), (3, "triple")):
-        if runs <= max_blocks and mixed_lens.get(runs, num_slots) < num_slots:
-            name += f",{label}<={mixed_lens[runs]}"
-    return name
+    """'blocks<=B', with ',mixed<=K' when pipelines of two runs are limited to K stages (those of
+    three runs never are: `units.mixed_lengths`)."""
+    if max_blocks >= 2 and mixed_lens.get(2, num_slots) < num_slots:
+        return f"blocks<={max_blocks},mixed<={mixed_lens[2]}"
+    return f"blocks<={max_blocks}"
 
 
 class _Proto(NamedTuple):
