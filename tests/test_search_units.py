@@ -141,8 +141,7 @@ def _runs(skeleton: tuple) -> int:
 @pytest.mark.parametrize("seed", range(6))
 def test_run_counts_and_mixed_lengths_match_the_listed_skeletons(seed: int) -> None:
     """`count_run_skeletons` counts what `block_skeletons` lists, per number of runs, and
-    `mixed_lengths` picks the longest lengths within each limit (three-run pipelines at every
-    length or not at all)."""
+    `mixed_lengths` picks the longest lengths within each limit."""
     import numpy as np
 
     from planner.search.space import BlockType
@@ -164,9 +163,7 @@ def test_run_counts_and_mixed_lengths_match_the_listed_skeletons(seed: int) -> N
     for runs, length in lens.items():
         assert count_run_skeletons(types, avail, length, runs) <= limits[runs - 2]
         assert length == max_len or count_run_skeletons(types, avail, length + 1, runs) > limits[runs - 2]
-    # three runs: every length or none
-    assert lens.get(3) in (None, max_len)
-    assert (3 in lens) == (2 in lens and count_run_skeletons(types, avail, max_len, 3) <= limits[1])
+    assert 3 not in lens or 2 in lens
 
 
 def test_three_run_pipelines_are_searched_on_small_pools() -> None:
@@ -188,3 +185,30 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     assert three.lower_bound_s <= chain.prediction.step_s
     gpus = [[s.gpu for s in p.stages] for p in three.plan.pipelines]
     assert any(len({g: None for g in stages}) == 3 for stages in gpus)
+
+
+def test_capped_three_run_pipelines_are_plan_candidates_outside_the_bound() -> None:
+    """When three-run pipelines are capped in length (more than `triple_limit` in all), they are
+    plan templates only: the bound protos and the coverage are those of two runs, so the bound is
+    the two-run search's, and the plan is never slower than it."""
+    from benchmarks.search_scale import ladder_cluster
+    from planner.search import search
+    from planner.specs.models import get_model
+
+    model, cluster = get_model("llama2-13b"), ladder_cluster(16)
+    training = TrainingSpec(global_batch=256, seq_len=model.seq_len, micro_batches=(1,))
+    two = search(model, cluster, training, cost=COST, max_blocks=2, refine_gap=None)
+    three = search(model, cluster, training, cost=COST, refine_gap=None)
+    assert two.coverage == three.coverage == "blocks<=2"
+    assert three.lower_bound_s == two.lower_bound_s
+    assert three.prediction.step_s <= two.prediction.step_s
+
+    classes = resource_classes(cluster)
+    avail = tuple(rc.gpus for rc in classes)
+    shapes = {rc.index: stage_shapes(model, training, rc, 1) for rc in classes}
+    provider = BlocksProvider(COST, model, training, classes, block_types(shapes), avail, 1, cluster.single_node,
+                              max_blocks=3, mixed_lens={3: 3}, bound_blocks=2)
+    runs = {len(provider.skeleton_group(p.skeleton)) for p in provider.plan_protos}
+    assert runs == {1, 2, 3}
+    assert {len(provider.skeleton_group(p.skeleton)) for p in provider.lb_protos} == {1, 2}
+    assert provider.coverage == "blocks<=2"

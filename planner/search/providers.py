@@ -72,10 +72,13 @@ class BlocksProvider(TailLevels):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
                  single_node: bool, max_blocks: int = 3, deadline: float | None = None,
-                 mixed_lens: dict[int, int] | None = None) -> None:
+                 mixed_lens: dict[int, int] | None = None, bound_blocks: int | None = None) -> None:
         self.cost, self.model, self.training, self.classes = cost, model, training, classes
         self.shapes, self.micro_batch, self.single_node = shapes, micro_batch, single_node
-        self.coverage = coverage_name(max_blocks, mixed_lens or {}, model.num_layer_slots)
+        # pipelines of more runs than `bound_blocks` are plan templates only: candidates the bound
+        # does not cover (see `api.search`), so the coverage names the bound's space
+        self.bound_blocks = min(max_blocks, bound_blocks or max_blocks)
+        self.coverage = coverage_name(self.bound_blocks, mixed_lens or {}, model.num_layer_slots)
         self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks, mixed_lens)
         self.stats = ProviderStats(skeletons=len(self.skeletons))
         self.deadline = deadline
@@ -116,8 +119,14 @@ class BlocksProvider(TailLevels):
     @property
     def lb_protos(self) -> list[_Proto]:
         if self._lb_protos is None:
-            self._lb_protos = self.plan_protos if self._r_lb == 1 else self._protos(self._r_lb)
+            self._lb_protos = self._bounded(self.plan_protos if self._r_lb == 1 else self._protos(self._r_lb))
         return self._lb_protos
+
+    def _bounded(self, protos: list[_Proto]) -> list[_Proto]:
+        """The protos the bound covers: of at most `bound_blocks` runs."""
+        if all(len(g) <= self.bound_blocks for g in self.rows):
+            return protos
+        return [p for p in protos if len(self.skeleton_group(p.skeleton)) <= self.bound_blocks]
 
     @property
     def needs_frontiers(self) -> bool:
@@ -137,7 +146,8 @@ class BlocksProvider(TailLevels):
         for _, _, uniform in states:
             self._uniform.update(uniform)
         self._plan_protos = self._assemble([st[0] for st in states])
-        self._lb_protos = self._plan_protos if self._r_lb == 1 else self._assemble([st[1] for st in states])
+        self._lb_protos = self._bounded(self._plan_protos if self._r_lb == 1
+                                        else self._assemble([st[1] for st in states]))
         self._ac = {}
         self._plan_use = None
         self._plan_stages = {}
@@ -285,7 +295,8 @@ class BlocksProvider(TailLevels):
         skeleton its row, or -1 (then the general DP gives its least tail)."""
         if self._lb_row_cache is None or self._lb_row_cache[0] != keys:
             have = set(keys)
-            rows = [row for g, group_rows in self.rows.items() if have.issuperset(g) for row in group_rows]
+            rows = [row for g, group_rows in self.rows.items()
+                    if have.issuperset(g) and len(g) <= self.bound_blocks for row in group_rows]
             codes = RowCodes.of(keys, rows, self.model.num_layer_slots)
             at = {row_skeleton(row): i for i, row in enumerate(codes.live)}
             self._lb_row_cache = (keys, codes, [at.get(sk, -1) for sk in self._lb_index()[0]])

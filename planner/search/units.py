@@ -116,10 +116,7 @@ def mixed_lengths(types: list, avail: tuple[int, ...], n_slots: int, limits: tup
                   max_blocks: int) -> dict[int, int]:
     """For r = 2 .. `max_blocks` runs, the longest pipelines (in stages) that keep the r-run
     skeletons within `limits[r - 2]` (the last limit for more runs); stops at the first r for
-    which not even r stages fit (then no pipeline of r or more runs is searched). Pipelines of
-    three or more runs are searched at every length or not at all: capped to three stages (one
-    per GPU type) on the bench's 24-GPU pools they found no better plan and made the LP bound
-    lower than any plan reaches, so refinement worked through every unit (34 s against 6 s)."""
+    which not even r stages fit (then no pipeline of r or more runs is searched)."""
     out: dict[int, int] = {}
     for runs in range(2, max_blocks + 1):
         limit = limits[min(runs - 2, len(limits) - 1)]
@@ -127,7 +124,7 @@ def mixed_lengths(types: list, avail: tuple[int, ...], n_slots: int, limits: tup
             out[runs] = n_slots
             continue
         best = None
-        for length in range(runs, n_slots + 1) if runs == 2 else ():
+        for length in range(runs, n_slots + 1):
             if count_run_skeletons(types, avail, length, runs) > limit:
                 break
             best = length
