@@ -51,7 +51,11 @@ def _choices(cluster: ClusterSpec, training: TrainingSpec, micro_batch: int, mod
         for tp, cp, hp, dp in itertools.product((1, 2, 4), repeat=4):
             if tp > training.max_tp or cp > training.max_cp or hp > training.max_hp or dp > training.max_stage_dp:
                 continue
-            if tp * cp * hp > g.node_gpus or micro_batch % dp or tp * cp * hp * dp > g.nodes * g.node_gpus:
+            group = tp * cp * hp
+            # a group inside one node, or (when the cluster allows it) a power of two of whole nodes
+            spans = cluster.allow_cross_node_tp and group > g.node_gpus and group % g.node_gpus == 0 \
+                and (group // g.node_gpus) & (group // g.node_gpus - 1) == 0
+            if (group > g.node_gpus and not spans) or micro_batch % dp or group * dp > g.nodes * g.node_gpus:
                 continue
             if model.num_heads % (tp * hp) or model.kv_heads % tp or training.seq_len % (cp * hp):
                 continue
@@ -183,6 +187,11 @@ CASES = {
                                                 NodeGroup(gpu="RTX-3090", nodes=2, gpus_per_node=1)]),
                              dict(global_batch=4, seq_len=512, micro_batches=(1, 2), max_stage_dp=1, max_cp=1,
                                   max_hp=1, max_tp=1, layers=4, exact_limit=5000)),
+    # one sequence of 32k: its best plan is one stage with cp=2 over two single-GPU nodes
+    "cp-across-nodes": (ClusterSpec(nodes=[NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=1),
+                                           NodeGroup(gpu="T4", nodes=1, gpus_per_node=1)],
+                                    allow_cross_node_tp=True),
+                        dict(global_batch=1, seq_len=32768, micro_batches=(1,), max_stage_dp=1, max_hp=1)),
     "tight-memory": (ClusterSpec(nodes=[NodeGroup(gpu="RTX-2080Ti", nodes=2, gpus_per_node=1),
                                         NodeGroup(gpu="T4", nodes=1, gpus_per_node=1)]),
                      dict(global_batch=4, seq_len=4096, micro_batches=(1, 2), max_stage_dp=1, max_cp=1, max_hp=1)),
@@ -206,3 +215,6 @@ def test_search_matches_brute_force_optimum(name: str) -> None:
         f"search {result.prediction.step_s} vs brute force {best_step}")
     assert result.lower_bound_s <= best_step * (1 + 1e-9)
     assert result.coverage == "exact"
+    if cluster.allow_cross_node_tp:  # the instance is one where a group spanning nodes wins
+        assert any(len({d.split(":")[0] for d in s.devices}) > 1 and s.tp * s.cp * s.hp > 1
+                   for p in result.plan.pipelines for s in p.stages)

@@ -212,3 +212,42 @@ def test_capped_three_run_pipelines_are_plan_candidates_outside_the_bound() -> N
     assert runs == {1, 2, 3}
     assert {len(provider.skeleton_group(p.skeleton)) for p in provider.lb_protos} == {1, 2}
     assert provider.coverage == "blocks<=2"
+
+
+def test_groups_span_whole_nodes_only_when_the_cluster_allows_it() -> None:
+    """Stage shapes: tp*cp*hp groups larger than a node only with `allow_cross_node_tp`, then a
+    power of two of whole nodes (none on node sizes that are not powers of two). Packing: groups
+    of whole nodes, largest first, with smaller ones after, never share a GPU and fill whole free
+    nodes in file order."""
+    import random
+
+    from planner.search.placement import _NodePool
+
+    training = TrainingSpec(global_batch=8, seq_len=4096, max_cp=16)
+    for allow in (False, True):
+        cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=4, gpus_per_node=2),
+                                     NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=3)],
+                              allow_cross_node_tp=allow)
+        a100, v100 = resource_classes(cluster)
+        groups = {s.group_size for s in stage_shapes(MODEL, training, a100, 1, allow)}
+        assert groups == ({1, 2, 4, 8} if allow else {1, 2})
+        assert max(s.group_size for s in stage_shapes(MODEL, training, v100, 1, allow)) == 1  # 3-GPU nodes
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=8, gpus_per_node=4)], allow_cross_node_tp=True)
+    (rc,) = resource_classes(cluster)
+    for seed in range(20):
+        rng = random.Random(seed)
+        sizes, left = [], rc.gpus
+        while left:
+            size = rng.choice([s for s in (1, 2, 4, 8, 16) if s <= left])
+            sizes.append(size)
+            left -= size
+        pool = _NodePool(cluster, rc)
+        taken: list[tuple[str, int]] = []
+        for size in sorted(sizes, reverse=True):
+            got = pool.take(size)
+            assert len(got) == size
+            if size > 4:  # whole nodes
+                nodes = sorted({name for name, _ in got})
+                assert len(nodes) == size // 4 and all(sum(1 for n, _ in got if n == name) == 4 for name in nodes)
+            taken += got
+        assert len(set(taken)) == rc.gpus

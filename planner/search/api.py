@@ -116,12 +116,12 @@ def _costable(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Res
 
 
 def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
-           micro_batch: int) -> float:
+           micro_batch: int, cross_node: bool = False) -> float:
     n = model.num_layer_slots
     work = np.full((n, len(classes)), np.inf)
     for rc in classes:
-        for shape in _costable(cost, model, training, rc, stage_shapes(model, training, rc, micro_batch),
-                               micro_batch):
+        for shape in _costable(cost, model, training, rc,
+                               stage_shapes(model, training, rc, micro_batch, cross_node), micro_batch):
             table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
                                                    shape.recompute, training.seq_len), model, training)
             w = (table.fwd_s + table.bwd_s) * shape.gpus
@@ -219,7 +219,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             timed_out = True
             unsolved_sizes.add(b)
             continue
-        shapes = {rc.index: _costable(cost, model, training, rc, stage_shapes(model, training, rc, b), b)
+        shapes = {rc.index: _costable(cost, model, training, rc,
+                                      stage_shapes(model, training, rc, b, cluster.allow_cross_node_tp), b)
                   for rc in classes}
         types = block_types(shapes)
         if not types:
@@ -278,7 +279,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     candidates.sort(key=lambda c: (c.step_s, c.micro_batch, c.plan.num_gpus))
     best = candidates[0]
     for b in sorted(unsolved_sizes):
-        bounds.append(_fluid(cost, model, training, classes, b))
+        bounds.append(_fluid(cost, model, training, classes, b, cluster.allow_cross_node_tp))
     lower = min(bounds) if bounds else 0.0
     lower = min(lower, best.step_s)
     gap = best.step_s / lower - 1 if lower > 0 else float("inf")

@@ -1,7 +1,8 @@
 """From template counts to concrete GPUs: pack every stage group into nodes.
 
-Group sizes (tp*cp*hp) are powers of two dividing the node size, so largest-first, first-fit,
-aligned packing never fails while counts fit. Copies of the same stage are packed next to each
+Group sizes (tp*cp*hp) are powers of two dividing the node size, or (groups across nodes allowed)
+whole nodes, so largest-first, first-fit, aligned packing never fails while counts fit: groups of
+whole nodes go first, onto whole free nodes. Copies of the same stage are packed next to each
 other, so their gradient reduction runs over NVLink first (what the cost model assumes).
 """
 
@@ -26,8 +27,11 @@ class _NodePool:
         self.nodes = [n for n in cluster.node_list if n.group in rc.groups]
         self.free = [[True] * n.gpus for n in self.nodes]
         self._first: dict[int, int] = {}  # size -> no node before this one has a free aligned block
+        self._span = cluster.allow_cross_node_tp  # groups may take several whole nodes
 
     def take(self, size: int) -> list[tuple[str, int]]:
+        if self._span and self.nodes and size > self.nodes[0].gpus:
+            return self._take_nodes(size)
         i = self._first.get(size, 0)
         while i < len(self.nodes):
             free = self.free[i]
@@ -40,6 +44,18 @@ class _NodePool:
             i += 1
         self._first[size] = i
         raise HetplanError("placement", f"no room for a group of {size} GPUs (internal packing error)")
+
+    def _take_nodes(self, size: int) -> list[tuple[str, int]]:
+        """A group spanning whole nodes: the first free ones in file order."""
+        want = size // self.nodes[0].gpus
+        free = [i for i, f in enumerate(self.free) if all(f)][:want]
+        if len(free) < want or want * self.nodes[0].gpus != size:
+            raise HetplanError("placement", f"no room for a group of {size} GPUs (internal packing error)")
+        out = []
+        for i in free:
+            self.free[i] = [False] * len(self.free[i])
+            out.extend((self.nodes[i].name, k) for k in range(self.nodes[i].gpus))
+        return out
 
 
 def build_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, classes: list[ResourceClass],

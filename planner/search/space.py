@@ -2,8 +2,10 @@
 
 Nodes whose GPUs, node size and links are identical collapse into one device class, so the search
 works on GPU counts per class rather than GPU ids. A stage's tensor/context/head group is a power
-of two that divides the node size (so any mix of groups packs into nodes exactly); intra-stage data
-parallelism repeats that group `dp` times.
+of two that divides the node size (so any mix of groups packs into nodes exactly), or, when the
+cluster allows groups across nodes and the node size is a power of two, a power of two of whole
+nodes (taken first, so the rest still packs); intra-stage data parallelism repeats that group `dp`
+times.
 """
 
 from __future__ import annotations
@@ -82,19 +84,32 @@ def powers_of_two_upto(n: int) -> list[int]:
     return out
 
 
-def stage_shapes(model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
-                 micro_batch: int) -> list[StageShape]:
-    """Every legal shape on this class for this microbatch size, sorted."""
+def group_span(rc: ResourceClass, cross_node: bool) -> int:
+    """The largest tp*cp*hp group on this class: the node, or with groups across nodes allowed
+    (and a power-of-two node size, so groups of whole nodes pack with the rest) the largest power
+    of two of whole nodes the class has."""
     node = rc.dev.gpus_per_node
+    if not cross_node or node & (node - 1):
+        return node
+    return max(powers_of_two_upto(rc.gpus))
+
+
+def stage_shapes(model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
+                 micro_batch: int, cross_node: bool = False) -> list[StageShape]:
+    """Every legal shape on this class for this microbatch size, sorted. `cross_node`: the cluster
+    lets tp*cp*hp groups span nodes (`ClusterSpec.allow_cross_node_tp`)."""
+    node = rc.dev.gpus_per_node
+    span = group_span(rc, cross_node)
     seq = training.seq_len
     out = []
-    for tp in powers_of_two_upto(min(training.max_tp, node)):
+    for tp in powers_of_two_upto(min(training.max_tp, span)):
         if model.kv_heads % tp or model.ffn_hidden % tp or model.num_heads % tp:
             continue
-        for cp in powers_of_two_upto(min(training.max_cp, node // tp)):
-            for hp in powers_of_two_upto(min(training.max_hp, node // (tp * cp))):
+        for cp in powers_of_two_upto(min(training.max_cp, span // tp)):
+            for hp in powers_of_two_upto(min(training.max_hp, span // (tp * cp))):
                 group = tp * cp * hp
-                if node % group or model.num_heads % (tp * hp) or seq % (cp * hp):
+                if (node % group if group <= node else group % node) or model.num_heads % (tp * hp) \
+                        or seq % (cp * hp):
                     continue
                 for dp in range(1, training.max_stage_dp + 1):
                     if micro_batch % dp or group * dp > rc.gpus:
