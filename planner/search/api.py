@@ -233,7 +233,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             # the frontier enumeration stops at 80 % of the time limit (what it skipped is then
             # covered by the fluid bound); protos are built when a unit of this size is solved
             deadline = None if time_limit is None else start + 0.8 * time_limit
-            lens = mixed_lengths(type_list, avail, n_slots, (mixed_limit, triple_limit), max_blocks)
+            # runs are on pairwise different GPU classes: no more runs than classes (two at least,
+            # so one- and two-type pools keep the name blocks<=2)
+            runs = min(max_blocks, max(2, len(classes)))
+            lens = mixed_lengths(type_list, avail, n_slots, (mixed_limit, triple_limit), runs)
             # three-run pipelines capped in length are plan candidates only: in the bound they
             # sent refinement through every unit on 24-GPU pools (34 s against 6 s)
             bound_blocks = 1 + (2 in lens) + (lens.get(3) == n_slots)
