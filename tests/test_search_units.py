@@ -185,6 +185,12 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     assert three.lower_bound_s <= chain.prediction.step_s
     gpus = [[s.gpu for s in p.stages] for p in three.plan.pipelines]
     assert any(len({g: None for g in stages}) == 3 for stages in gpus)
+    # within blocks<=3 the explanation has nothing to flag; against a two-run bound it would
+    from planner.search.api import _outside_coverage
+
+    assert not any("runs of stage groups" in line for line in three.explanation)
+    assert _outside_coverage(three.plan, "blocks<=3") == []
+    assert len(_outside_coverage(three.plan, "blocks<=2")) == len(three.plan.pipelines) == 1
 
 
 def test_capped_three_run_pipelines_are_plan_candidates_outside_the_bound() -> None:

@@ -300,9 +300,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         idle[g] -= n
     idle = {g: n for g, n in idle.items() if n}
     explanation = _explain(plan, pred, idle)
+    coverage = min(coverages, key=coverage_rank) if coverages else "exact"
+    explanation += _outside_coverage(plan, coverage)
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
-    coverage = min(coverages, key=coverage_rank) if coverages else "exact"
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
 
 
@@ -408,6 +409,23 @@ def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:
         out.append(c.plan.model_copy(update={"predicted": c.prediction}))
         if len(out) >= top_k:
             break
+    return out
+
+
+def _outside_coverage(plan: Plan, coverage: str) -> list[str]:
+    """A line per pipeline with more runs of stage groups than the bound's coverage (a three-run
+    plan candidate, `providers.BlocksProvider(bound_blocks=...)`): the bound does not cover it."""
+    if coverage == "exact":
+        return []
+    blocks = coverage_rank(coverage)[0]
+    out = []
+    for k, pipe in enumerate(plan.pipelines):
+        groups = [(s.gpu, s.num_gpus) for s in pipe.stages]
+        runs = sum(1 for i, g in enumerate(groups) if i == 0 or g != groups[i - 1])
+        if runs > blocks:
+            out.append(f"pipeline {k} has {runs} runs of stage groups, more than the lower bound's coverage "
+                       f"({coverage}) holds: the bound is for plans of that space, this one is a candidate "
+                       "from outside it")
     return out
 
 
