@@ -23,7 +23,27 @@ CASES = {
     "two-types": (ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
                                      NodeGroup(gpu="V100-SXM2-32GB", nodes=2, gpus_per_node=4)]),
                   TrainingSpec(global_batch=32, seq_len=4096, max_cp=2)),
+    "groups-across-nodes": (ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=4, gpus_per_node=2)],
+                                        allow_cross_node_tp=True),
+                            TrainingSpec(global_batch=2, seq_len=32768, max_cp=8)),
 }
+
+
+def test_groups_span_whole_nodes_only_when_the_cluster_allows_it() -> None:
+    """tp*cp groups larger than a node are grids only with `allow_cross_node_tp`, and then they take
+    whole nodes; on this long-context pool the best grid uses one and beats every in-node grid."""
+    cluster, training = CASES["groups-across-nodes"]
+    within = cluster.model_copy(update={"allow_cross_node_tp": False})
+    sizes = micro_batch_sizes(training)
+    assert max(g[1] * g[2] for g in mg.every_grid(MODEL, within, training, sizes)) == 2
+    assert max(g[1] * g[2] for g in mg.every_grid(MODEL, cluster, training, sizes)) == 8
+    assert mg._stages_on_nodes(within, 4, 4, 1) is None and mg._stages_on_nodes(cluster, 4, 4, 1) is not None
+    assert mg._stages_on_nodes(cluster, 3, 3, 1) is None  # 3 ranks of 2-GPU nodes: not whole nodes
+    across = mg.best_megatron_plan(MODEL, cluster, training, COST, sizes)
+    inside = mg.best_megatron_plan(MODEL, within, training, COST, sizes)
+    assert across is not None and inside is not None
+    assert any(s.tp * s.cp > 2 for p in across[0].pipelines for s in p.stages)
+    assert across[1].step_s < inside[1].step_s
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

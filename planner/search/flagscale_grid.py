@@ -20,7 +20,8 @@ is the best plan of this space under the cost model unless a cap was hit.
 Placement fills each class's GPUs in rank order (stage, replica, stage devices), so every tp·cp group
 lies inside a node and each node's ranks are one consecutive block, as FlagScale's runner needs. The
 Megatron grid (node order over the whole file) lies inside this space when each class's nodes are
-consecutive in the file and no cap was hit; otherwise `best_megatron_plan` is added as a candidate.
+consecutive in the file, no cap was hit and groups stay inside nodes; otherwise `best_megatron_plan`
+is added as a candidate.
 """
 
 from __future__ import annotations
@@ -375,7 +376,8 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 record(_value(best, m) + overhead, (gi, flat, oi), payload, best)
     found = [_evaluated(_place(model, training, cluster, classes, groups[tie[0]], order, split), cluster, cost)
              for _, tie, order, split in cands]
-    if inexact or not _classes_contiguous(cluster, classes):
+    if inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp:
+        # groups across nodes are only in the Megatron grid: it stays a candidate
         found.append(best_megatron_plan(model, cluster, training, cost, sizes))
     return _checked(found, cluster)
 

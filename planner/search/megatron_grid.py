@@ -48,7 +48,8 @@ class _Layout:
 def _stages_on_nodes(cluster: ClusterSpec, n_nodes: int, width: int, pp: int) -> list | None:
     """Megatron's rank order on the first `n_nodes` nodes: each of the pp stages' ranks (tp*cp
     groups of `width` fastest, then dp) and its node group; None when a stage would mix GPU types or
-    node shapes, or a tp*cp group would span nodes."""
+    node shapes, or a tp*cp group would span nodes (unless it takes whole nodes and the cluster sets
+    `allow_cross_node_tp`)."""
     ranks = [(n, i) for n in cluster.node_list[:n_nodes] for i in range(n.gpus)]
     per_stage = len(ranks) // pp
     stage_nodes = []
@@ -58,8 +59,9 @@ def _stages_on_nodes(cluster: ClusterSpec, n_nodes: int, width: int, pp: int) ->
         devs = {device_class_of(cluster.nodes[g]).key for g in groups}
         if len(devs) > 1:  # a stage may not mix GPU types or node shapes
             return None
-        for k in range(0, per_stage, width):  # each tp*cp group inside one node
-            if len({n.name for n, _ in block[k:k + width]}) > 1:
+        for k in range(0, per_stage, width):  # each tp*cp group inside one node, or whole nodes
+            names = {n.name for n, _ in block[k:k + width]}
+            if len(names) > 1 and not (cluster.allow_cross_node_tp and len(names) * block[k][0].gpus == width):
                 return None
         stage_nodes.append((block, cluster.nodes[block[0][0].group]))
     return stage_nodes
@@ -174,11 +176,15 @@ def every_grid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, m
     grids: list[Grid] = []
     for n_nodes in range(1, len(cluster.node_list) + 1):
         node_cap = min(n.gpus for n in cluster.node_list[:n_nodes])
-        for tp in powers_of_two_upto(min(training.max_tp, node_cap)):
+        span = node_cap  # largest tp*cp group: a node, or (allowed) a power of two of whole nodes
+        if cluster.allow_cross_node_tp and not node_cap & (node_cap - 1):
+            span = max(powers_of_two_upto(sum(n.gpus for n in cluster.node_list[:n_nodes])))
+        for tp in powers_of_two_upto(min(training.max_tp, span)):
             if model.num_heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
                 continue
-            for cp in powers_of_two_upto(min(training.max_cp, node_cap // tp)):
-                if training.seq_len % cp or node_cap % (tp * cp):
+            for cp in powers_of_two_upto(min(training.max_cp, span // tp)):
+                width = tp * cp
+                if training.seq_len % cp or (node_cap % width if width <= node_cap else width % node_cap):
                     continue
                 grids.extend((n_nodes, tp, cp, pp, b, rc) for pp in range(1, model.num_layer_slots + 1)
                              for b in micro_batches for rc in training.recompute)
