@@ -166,9 +166,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     (one V100 -> A100 -> H100 pipeline on 8 GPUs is 5 % faster than any plan of two runs), or
     homogeneous pipelines only when not even two-stage mixed ones fit ("blocks<=1"; pipelines
     still differ from each other). Three-run pipelines are in the bound ("blocks<=3") only when
-    all of them fit the limit; capped in length they are plan candidates outside the bound's
-    space (the coverage names the bound's space; a plan may beat the bound, gap then 0). The result's coverage is the narrowest
-    one used.
+    all of them fit the limit; capped in length they are plan candidates outside the bound's space
+    (the coverage names the bound's space; a plan may beat the bound, gap then 0, and the
+    explanation says which pipelines lie outside it). The result's coverage is the narrowest one
+    used.
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`, then

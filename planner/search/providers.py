@@ -4,8 +4,8 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 
 * `ExactProvider` (`exact_provider`, small pools): every ordered sequence of stage groups.
 * `BlocksProvider` (large pools): pipelines of at most three runs of identical groups of pairwise
-  different GPU classes; the (A, C) frontier is computed once per microbatch size (it does not depend on the
-  replica count) and each template's tail is re-costed per class. The bound uses, per skeleton, the
+  different GPU classes; the (A, C) frontier is computed once per microbatch size (it does not
+  depend on the replica count) and each template's tail is re-costed per class. The bound uses, per skeleton, the
   least tail any split can have, so it holds for every plan of that space; memory assumes each
   pipeline runs at least as many microbatches as it has stages.
 """
