@@ -58,7 +58,7 @@ class TailLevels:
 
     @staticmethod
     @functools.lru_cache(maxsize=1 << 16)  # asked once per template and refinement round
-    def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...] | None:
+    def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...]:
         """The batch a skeleton's frontier is computed in: its run types in order (the runs of
         `block_skeletons` are on pairwise different GPU classes, so these are its distinct types)."""
         return tuple(dict.fromkeys(skeleton))
