@@ -389,7 +389,8 @@ def test_every_packaged_scenario_loads_with_catalog_gpus_and_usable_profiles() -
     ladder = {s.cluster.num_gpus: len(s.cluster.counts_by_type()) for s in scenarios if s.name.startswith("ladder-")}
     assert ladder == {64: 4, 1024: 4, 16384: 4}
     long = [s for s in scenarios if s.training.seq_len >= 32768]
-    assert {s.training.seq_len for s in long} == {32768, 131072}
+    assert {s.training.seq_len for s in long} == {32768, 65536, 131072}
+    assert any(s.cluster.allow_cross_node_tp for s in long)  # context parallelism across nodes
 
 
 def test_scenario_arguments_accept_files_folders_and_packaged_names(tiny: Path) -> None:
