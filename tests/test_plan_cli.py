@@ -105,8 +105,9 @@ def test_target_megatron_plans_a_grid_megatron_can_run(tmp_path: Path, capsys: p
 
 
 def test_refine_gap_and_workers_reach_the_search(capsys: pytest.CaptureFixture[str]) -> None:
-    """On a pool the blocks coverage searches, --refine-gap 0 tightens the bound at least as far as
-    the default, with the same plan; --workers does not change the output."""
+    """On a pool the blocks coverage searches, --refine-gap 0 tightens the bound further than a
+    loose target, and (its target missed) polishes the plan, which only gets faster; --workers
+    does not change the output."""
     base = ["plan", str(REPO / "examples" / "sailor_mix.yaml"), "--model", "opt-350m", "--global-batch", "32",
             "--seq", "2048", "--json"]
     code, out, err = run(capsys, *base, "--refine-gap", "0", "--workers", "1")
@@ -116,6 +117,6 @@ def test_refine_gap_and_workers_reach_the_search(capsys: pytest.CaptureFixture[s
     assert tight["search"]["coverage"] != "exact"
     assert tight["search"]["explored"]["units_refined"] >= 1
     assert loose["search"]["explored"]["units_refined"] == 0
-    assert tight["plan"] == loose["plan"] | {"predicted": tight["plan"]["predicted"]}
+    assert tight["plan"]["predicted"]["step_s"] <= loose["plan"]["predicted"]["step_s"]
     assert tight["search"]["lower_bound_s"] > loose["search"]["lower_bound_s"]
     assert run(capsys, *base, "--refine-gap", "0", "--workers", "2")[1] == out

@@ -37,7 +37,7 @@ from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
 from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_lengths,
-                                  skip_units, solve_unit)
+                                  polish_unit, skip_units, solve_unit)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -271,6 +271,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             timed_out = _best_first(pool, ctx, start, time_limit, progress) or timed_out
             if candidates and refine_gap is not None:
                 _refine(ctx, refine_gap, None if time_limit is None else start + time_limit, pool)
+                _polish(ctx, refine_gap, None if time_limit is None else start + time_limit)
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -368,6 +369,24 @@ def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitP
         batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
         pool.refine(batch, deadline, goal_s=best / (1 + target))
         ctx.explored["units_refined"] += len(batch)
+
+
+POLISH_UNITS = 4  # lowest-bound units whose plans `_polish` re-solves
+
+
+def _polish(ctx: UnitContext, target: float, deadline: float | None) -> None:
+    """When refinement leaves the gap above `target`, re-solve the plans of the lowest-bound units
+    that could still hold a faster plan with tail-capped plan templates (`units.polish_unit`), in
+    the parent, in bound order (so the answer does not depend on `workers`)."""
+    best = min(c.step_s for c in ctx.candidates)
+    lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
+    if best <= (1 + target) * lowest:
+        return
+    for su in sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS]:
+        best = min(c.step_s for c in ctx.candidates)
+        if su.bound_s >= best / (1 + 1e-3):
+            break
+        polish_unit(su, ctx, best, deadline)
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,

@@ -238,6 +238,35 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
             break
 
 
+def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> None:
+    """Re-solve a unit's plan with tail-capped plan templates added (`tail_plans`) for the skeleton
+    groups its plan LP leans on at the incumbent, adding the plan if it is real. For when the gap
+    target is missed: the bound cannot rise past a plan that tail-blind options made slow."""
+    from planner.search.tail_plans import tail_plan_templates
+
+    provider, u = su.unit.provider, su.unit
+    if not hasattr(provider, "plan_protos") or (deadline is not None and time.perf_counter() > deadline):
+        return
+    overhead = ctx.cost.knobs.step_overhead_s
+    plan_set = provider.plan_templates(u.lo)
+    if not plan_set:
+        return
+    used = lp_support(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), incumbent_s - overhead,
+                      stats=ctx.stats)
+    protos = provider.plan_protos
+    groups = {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
+    extra = tail_plan_templates(provider, u.lo, groups)
+    if not extra:
+        return
+    plan_set = plan_set + extra
+    unit = SolverStats()
+    sol = solve_assignment_lp(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
+                              incumbent_s=incumbent_s - overhead, deadline=deadline)
+    ctx.stats.ilp_solves += unit.ilp_solves
+    if sol is not None and any(sol.counts):
+        _add_candidate(plan_set, sol, u, ctx)
+
+
 def _add_candidate(templates: list[Template], sol: Assignment, u: Unit, ctx: UnitContext) -> None:
     resolve = getattr(u.provider, "resolved", lambda t: t)
     chosen = [(resolve(templates[t]), sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
