@@ -240,8 +240,9 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
 
 def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> None:
     """Re-solve a unit's plan with tail-capped plan templates added (`tail_plans`) for the skeleton
-    groups its plan LP leans on at the incumbent, adding the plan if it is real. For when the gap
-    target is missed: the bound cannot rise past a plan that tail-blind options made slow."""
+    groups its bound leans on and those its plan LP reaches the incumbent with, adding the plan.
+    For when the gap target is missed: the bound cannot rise past a plan that tail-blind options
+    made slow."""
     from planner.search.tail_plans import tail_plan_templates
 
     provider, u = su.unit.provider, su.unit
@@ -251,10 +252,16 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     plan_set = provider.plan_templates(u.lo)
     if not plan_set:
         return
-    used = lp_support(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), incumbent_s - overhead,
-                      stats=ctx.stats)
+    # the groups the unit's bound leans on (where a plan near the bound may be), and those its
+    # plan templates reach the incumbent with
+    lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
+    args = (ctx.avail, u.microbatches, (u.lo, u.hi))
+    used_lb = lp_support(_problem(lb_set, *args), su.bound_s - overhead, stats=ctx.stats) if lb_set else []
+    used = lp_support(_problem(plan_set, *args), incumbent_s - overhead, stats=ctx.stats)
     protos = provider.plan_protos
-    groups = {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
+    groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used_lb)
+              if lb_set[k].skeleton is not None}
+    groups |= {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
     extra = tail_plan_templates(provider, u.lo, groups)
     if not extra:
         return
