@@ -18,6 +18,7 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
+from planner.search.tail_plans import tail_plan_templates
 from planner.search.templates import PackedTemplates, Template, count_run_skeletons, prune_templates
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -241,10 +242,8 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
 def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> None:
     """Re-solve a unit's plan with tail-capped plan templates added (`tail_plans`) for the skeleton
     groups its bound leans on and those its plan LP reaches the incumbent with, adding the plan.
-    For when the gap target is missed: the bound cannot rise past a plan that tail-blind options
-    made slow."""
-    from planner.search.tail_plans import tail_plan_templates
-
+    For when the gap target is missed or tails weigh heavily (`api._polish`): refining the bound
+    cannot help where tail-blind stage options made the plan slow."""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "plan_protos") or (deadline is not None and time.perf_counter() > deadline):
         return
