@@ -63,6 +63,10 @@ class _CapacityLP:
             self._nonzero = [per_group[g] for g in self.of.tolist()]
         return self._nonzero
 
+    def rows(self) -> np.ndarray:
+        """The constraint rows: GPUs of each class per group, then one copy per group."""
+        return np.vstack([self.usage.T, np.ones((1, self.usage.shape[0]))]).astype(float)
+
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """Usage groups (i, j), i <= j, whose copies fit the GPUs together (computed once)."""
         if self._pairs is None:
@@ -85,8 +89,7 @@ class _CapacityLP:
         if not np.any(group_caps > 0):
             return 0.0, np.zeros(len(group_caps))
         if self._lp is None:
-            rows = np.vstack([self.usage.T, np.ones((1, self.usage.shape[0]))])
-            self._lp = SmallLP(rows, np.append(self.avail.astype(float), float(self.max_copies)))
+            self._lp = SmallLP(self.rows(), np.append(self.avail.astype(float), float(self.max_copies)))
         self.stats.ilp_solves += 1
         return self._lp.solve(group_caps)
 
@@ -273,7 +276,7 @@ def _dive(p: AssignProblem, lp: _CapacityLP, group_caps: np.ndarray, rep: np.nda
     left = p.avail.astype(float).copy()
     copies_left = min(p.replicas[1], p.microbatches)
     need = float(p.microbatches)
-    rows = np.vstack([lp.usage.T, np.ones((1, lp.usage.shape[0]))]).astype(float)
+    rows = lp.rows()
     while need > 1e-9:
         if copies_left <= 0:
             return None

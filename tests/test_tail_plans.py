@@ -10,7 +10,6 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.search import search
 from planner.search.providers import BlocksProvider
 from planner.search.space import block_types, resource_classes, stage_shapes
-from planner.search.tail_plans import tail_plan_templates
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
 
@@ -45,7 +44,7 @@ def test_tail_capped_templates_are_real_splits(replicas: int) -> None:
     shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
     provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
                               max_blocks=2)
-    extra = tail_plan_templates(provider, replicas, set(provider.rows))
+    extra = provider.tail_plan_templates(replicas, set(provider.rows))
     assert extra
     n = MODEL.num_layer_slots
     for t in extra:

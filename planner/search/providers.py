@@ -22,6 +22,7 @@ from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, build_options, pruned_options
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
+from planner.search.tail_plans import TailPlans
 from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -68,7 +69,7 @@ class _Proto(NamedTuple):
     full_options: tuple[int, ...]  # indices into the unpruned shape lists
 
 
-class BlocksProvider(TailLevels):
+class BlocksProvider(TailLevels, TailPlans):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
                  single_node: bool, max_blocks: int = 3, deadline: float | None = None,
@@ -194,6 +195,14 @@ class BlocksProvider(TailLevels):
             self._tails[key] = self._options(r_sync, r_mem, tails_only=True)
         return self._tails[key]
 
+    def _with_tails(self, r_mem: int, tails: dict[BlockType, StageOptions],
+                    bts: list[BlockType]) -> dict[BlockType, StageOptions]:
+        """The options of `bts` as `_full_options(r_mem)` has them (F+B, memory), with the stage
+        tails of `tails` (re-costed for some replica class)."""
+        full = self._full_options(r_mem)
+        return {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
+                for bt in bts}
+
     def _full_options(self, r_mem: int) -> dict[BlockType, StageOptions]:
         """Every stage option of every block type (sync for one replica, memory for `r_mem`),
         built once; not handed between processes (cheaper to rebuild than to pickle)."""
@@ -278,9 +287,7 @@ class BlocksProvider(TailLevels):
         memory-feasible split (fast for homogeneous ones). Memory feasibility comes from the bound
         protos' options (optimizer states sharded over the most replicas: the most permissive),
         tails from `tails`, so it bounds the tail of every split the proto stands for."""
-        full = self._full_options(self._r_lb)
-        opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
-                for bt in tails}
+        opts = self._with_tails(self._r_lb, tails, list(tails))
         views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items()}
         keys = [bt for bt, v in views.items() if v is not None]
         codes, row_of = self._lb_rows(keys)

@@ -83,9 +83,7 @@ class TailLevels:
             if len(self._class_levels) >= TAIL_CACHE:
                 self._class_levels.pop(next(iter(self._class_levels)))
             tails = self._tail_options(*key)
-            full = self._full_options(self._r_lb)
-            self._class_levels[key] = ({bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed,
-                                                         full[bt].act, full[bt].capacity) for bt in tails}, {}, {})
+            self._class_levels[key] = (self._with_tails(self._r_lb, tails, list(tails)), {}, {})
         with_tails, cache, pruned = self._class_levels[key]
         order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
         missing = [g for g in order if (g, ratio) not in cache

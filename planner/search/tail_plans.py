@@ -19,7 +19,6 @@ from planner.search.options import pruned_options
 from planner.search.space import BlockType, skeleton_usage
 from planner.search.templates import Template, TemplateStage, prune_templates
 from solvers.batched_runs import batched_frontiers, row_skeleton
-from solvers.partition import StageOptions
 from solvers.uniform_layers import INF, Kind, UniformView, uniform_view
 
 LEVEL_RATIO = 1.5  # successive tail caps
@@ -46,35 +45,42 @@ def _levels(views: list[UniformView], ratio: float) -> list[float]:
     return [lo * ratio ** k for k in range(steps)] + [hi]
 
 
-def tail_plan_templates(provider, replicas: int, groups: set[tuple[BlockType, ...]],
-                        ratio: float = LEVEL_RATIO) -> list[Template]:
-    """Plan templates (stages filled in) of the skeletons of `groups` (identical decoder layers
-    only) with every stage's tail, costed for `replicas` pipelines, under each cap of `_levels`."""
-    full = provider._full_options(1)  # memory as for the plan templates
-    groups = {g for g in groups if g in provider.rows}
-    for bt in {bt for g in groups for bt in g} - set(provider._uniform):
-        provider._uniform[bt] = uniform_view(full[bt]) is not None  # as the frontiers would find
-    groups = {g for g in groups if all(provider._uniform[bt] for bt in g)}
-    if not groups:
-        return []
-    bts = sorted({bt for g in groups for bt in g})
-    tails = provider._tail_options(replicas, replicas)
-    with_tails = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act,
-                                   full[bt].capacity) for bt in bts}
-    opts, _, keep = pruned_options(with_tails, {bt: provider.shapes[bt] for bt in bts}, use_tail=True,
-                                   uniform=provider._uniform)
-    views = {bt: uniform_view(opts[bt], trusted=True) for bt in bts}
-    levels = _levels(list(views.values()), ratio)
-    capped = {(bt, j): _capped(views[bt], e) for bt in bts for j, e in enumerate(levels)}
-    rows = [tuple(x for k in range(0, len(row), 2) for x in ((row[k], j), row[k + 1]))
-            for g in sorted(groups) for row in provider.rows[g] for j in range(len(levels))]
-    n_cls = len(provider.classes)
-    out = []
-    for row, splits in batched_frontiers(capped, rows).items():
-        sk = tuple(bt for bt, _ in row_skeleton(row))
-        usage = skeleton_usage(sk, n_cls)
-        for sp in splits:
-            stages = tuple(TemplateStage(bt.cls, provider.shapes[bt][keep[bt][o]], first, last)
-                           for bt, o, (first, last) in zip(sk, sp.options, sp.ranges))
-            out.append(Template(usage, sp.a_s, sp.c_s, max(sp.tails), None, stages))
-    return prune_templates(out)
+class TailPlans:
+    """The tail-capped plan templates of `BlocksProvider` (a mixin, like `TailLevels`: it reads the
+    provider's shapes, classes, skeleton rows, stage options and uniform flags)."""
+
+    shapes: dict
+    classes: list
+    rows: dict
+    _uniform: dict[BlockType, bool]
+
+    def tail_plan_templates(self, replicas: int, groups: set[tuple[BlockType, ...]],
+                            ratio: float = LEVEL_RATIO) -> list[Template]:
+        """Plan templates (stages filled in) of the skeletons of `groups` (identical decoder layers
+        only) with every stage's tail, costed for `replicas` pipelines, under each cap of `_levels`."""
+        full = self._full_options(1)  # memory as for the plan templates
+        groups = {g for g in groups if g in self.rows}
+        for bt in {bt for g in groups for bt in g} - set(self._uniform):
+            self._uniform[bt] = uniform_view(full[bt]) is not None  # as the frontiers would find
+        groups = {g for g in groups if all(self._uniform[bt] for bt in g)}
+        if not groups:
+            return []
+        bts = sorted({bt for g in groups for bt in g})
+        with_tails = self._with_tails(1, self._tail_options(replicas, replicas), bts)
+        opts, _, keep = pruned_options(with_tails, {bt: self.shapes[bt] for bt in bts}, use_tail=True,
+                                       uniform=self._uniform)
+        views = {bt: uniform_view(opts[bt], trusted=True) for bt in bts}
+        levels = _levels(list(views.values()), ratio)
+        capped = {(bt, j): _capped(views[bt], e) for bt in bts for j, e in enumerate(levels)}
+        rows = [tuple(x for k in range(0, len(row), 2) for x in ((row[k], j), row[k + 1]))
+                for g in sorted(groups) for row in self.rows[g] for j in range(len(levels))]
+        n_cls = len(self.classes)
+        out = []
+        for row, splits in batched_frontiers(capped, rows).items():
+            sk = tuple(bt for bt, _ in row_skeleton(row))
+            usage = skeleton_usage(sk, n_cls)
+            for sp in splits:
+                stages = tuple(TemplateStage(bt.cls, self.shapes[bt][keep[bt][o]], first, last)
+                               for bt, o, (first, last) in zip(sk, sp.options, sp.ranges))
+                out.append(Template(usage, sp.a_s, sp.c_s, max(sp.tails), None, stages))
+        return prune_templates(out)

@@ -18,7 +18,6 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
-from planner.search.tail_plans import tail_plan_templates
 from planner.search.templates import PackedTemplates, Template, count_run_skeletons, prune_templates
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -240,12 +239,14 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
 
 
 def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> None:
-    """Re-solve a unit's plan with tail-capped plan templates added (`tail_plans`) for the skeleton
+    """Re-solve a unit's plan with tail-capped plan templates added (`TailPlans`) for the skeleton
     groups its bound leans on and those its plan LP reaches the incumbent with, adding the plan.
     For when the gap target is missed or tails weigh heavily (`api._polish`): refining the bound
     cannot help where tail-blind stage options made the plan slow."""
     provider, u = su.unit.provider, su.unit
-    if not hasattr(provider, "plan_protos") or (deadline is not None and time.perf_counter() > deadline):
+    if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
+        return
+    if deadline is not None and time.perf_counter() > deadline:
         return
     overhead = ctx.cost.knobs.step_overhead_s
     plan_set = provider.plan_templates(u.lo)
@@ -261,7 +262,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used_lb)
               if lb_set[k].skeleton is not None}
     groups |= {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
-    extra = tail_plan_templates(provider, u.lo, groups)
+    extra = provider.tail_plan_templates(u.lo, groups)
     if not extra:
         return
     plan_set = plan_set + extra
