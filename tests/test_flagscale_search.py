@@ -142,3 +142,18 @@ def test_mixed_pool_uses_meshes_megatron_cannot_express() -> None:
     assert len({m.gpu for m in meshes(plan)}) > 1 and len(shapes) > 1
     grid = best_megatron_plan(model, cluster, training, cost, [1])
     assert grid is not None and pred.step_s <= grid[1].step_s * (1 + 1e-9)
+
+
+def test_batched_frontiers_give_the_general_dp_plans(two_type, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run orders of identical decoder layers are split in one batched sweep (`solvers.batched_runs`);
+    with that path turned off (every order through the general partition DP) the plans are the same,
+    byte for byte."""
+    cost = AnalyticCostModel()
+    cases = _cases(two_type)[1:] + [(get_model("llama2-13b"), load_cluster(EXAMPLES / "mixed.yaml"),
+                                     TrainingSpec(global_batch=64, seq_len=4096, micro_batches=(1, 2)))]
+    fast = [_search(model, cluster, training, cost) for model, cluster, training in cases]
+    monkeypatch.setattr(fg, "uniform_view", lambda opts: None)
+    slow = [_search(model, cluster, training, cost) for model, cluster, training in cases]
+    for a, b in zip(fast, slow):
+        assert a is not None and b is not None
+        assert a[0].to_json() == b[0].to_json() and a[1].step_s == b[1].step_s

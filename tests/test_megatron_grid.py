@@ -76,3 +76,21 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     assert fast is not None
     assert fast[0].to_json() == best[0].to_json()
     assert fast[1].step_s == best[1].step_s
+
+
+def test_least_bottleneck_matches_brute_force() -> None:
+    """`_least_bottleneck` is the least largest stage load over every way to deal the decoder
+    layers to the stages (a stage of type t holding d layers loads d·cost[t])."""
+    import itertools
+    import random
+
+    rng = random.Random(7)
+    for _ in range(60):
+        n_types = rng.randint(1, 3)
+        costs = {f"t{k}": rng.choice([0.5, 1.0, 1.3, 2.0, 3.7]) for k in range(n_types)}
+        per_type = tuple((k, rng.randint(1, 2)) for k in sorted(costs))
+        decoders = rng.randint(1, 6)
+        stages = [costs[k] for k, n in per_type for _ in range(n)]
+        best = min(max(d * w for d, w in zip(deal, stages))
+                   for deal in itertools.product(range(decoders + 1), repeat=len(stages)) if sum(deal) == decoders)
+        assert mg._least_bottleneck(per_type, costs, decoders) == pytest.approx(best, rel=1e-12)

@@ -50,7 +50,9 @@ from planner.search.space import (
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
+from solvers.batched_runs import batched_frontiers, batched_min_max_tails
 from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
+from solvers.uniform_layers import UniformView, uniform_view
 
 _PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
 _COMBO_LIMIT = 100_000  # most run combinations per (b, cp, recompute, R) before stage counts are thinned
@@ -312,6 +314,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     heap: list[tuple[float, tuple[int, int, int], int, object]] = []
     cands: list[tuple[float, tuple[int, int, int], tuple, Split]] = []
     opts_cache: dict[tuple[int, int], StageOptions] = {}
+    views: dict[tuple[int, int], UniformView | None] = {}
     dp_runs, ptr = 0, 0
 
     def incumbent() -> float:
@@ -331,6 +334,30 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
                 opts_cache[key] = _masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
             out += [opts_cache[key]] * p
+        return out
+
+    def frontiers(gi: int, orders: list[tuple]) -> list[tuple[list[Split], float | None]]:
+        """Per run order, its (A, C) split frontier and least largest tail: all orders in one batched
+        sweep (`solvers.batched_runs`) when every mesh's layers are identical and the pipeline runs
+        at least as many microbatches as it has stages (memory per position as there), else one
+        general DP per order."""
+        m = groups[gi].microbatches
+        meshes = orders[0]
+        for w, _ in meshes:
+            positions(gi, ((w, 1),))
+            if (gi, id(w)) not in views:
+                views[(gi, id(w))] = uniform_view(opts_cache[(gi, id(w))])
+        mine = {id(w): views[(gi, id(w))] for w, _ in meshes}
+        if m >= sum(p for _, p in meshes) and all(v is not None for v in mine.values()):
+            rows = [tuple(x for w, p in order for x in (id(w), p)) for order in orders]
+            found = batched_frontiers(mine, rows)
+            tails = batched_min_max_tails(mine, rows)
+            return [(found.get(row, []), tails.get(row)) for row in rows]
+        out = []
+        for order in orders:
+            pos = positions(gi, order)
+            flight = min(m, len(pos))
+            out.append((split_frontier(pos, max_in_flight=flight, with_tail=False), min_max_tail(pos, flight)))
         return out
 
     while True:
@@ -354,17 +381,14 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         _, (gi, flat, oi), level, payload = heapq.heappop(heap)
         m = groups[gi].microbatches
         if level == 1:  # every run order: DP without tail caps gives a plan and a tighter bound
-            for oi, order in enumerate(_orders(payload, classes, capacity)):
-                pos = positions(gi, order)
-                flight = min(m, len(pos))
-                front = split_frontier(pos, max_in_flight=flight, with_tail=False)
+            orders = _orders(payload, classes, capacity)
+            for oi, (order, (front, e_min)) in enumerate(zip(orders, frontiers(gi, orders))):
                 dp_runs += 1
                 if not front:
                     continue
                 best = min(front, key=lambda sp: (_value(sp, m), sp.ranges))
                 record(_value(best, m) + overhead, (gi, flat, oi), order, best)
-                e_min = min_max_tail(pos, flight) or 0.0
-                lb2 = min(sp.a_s + (m - 1) * sp.c_s for sp in front) + e_min + overhead
+                lb2 = min(sp.a_s + (m - 1) * sp.c_s for sp in front) + (e_min or 0.0) + overhead
                 if lb2 < incumbent():
                     heapq.heappush(heap, (lb2, (gi, flat, oi), 2, order))
         else:  # the full (A, C, E) frontier: exact for this run order
