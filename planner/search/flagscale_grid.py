@@ -50,7 +50,7 @@ from planner.search.space import (
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import batched_frontiers, batched_min_max_tails
+from solvers.batched_runs import batched_capped_points, batched_frontiers, batched_min_max_tails
 from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import UniformView, uniform_view
 
@@ -58,6 +58,7 @@ _PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
 _COMBO_LIMIT = 100_000  # most run combinations per (b, cp, recompute, R) before stage counts are thinned
 _MAX_DP = 3000  # most partition-DP runs (a deterministic cap; hitting it adds the Megatron grid)
 _KEEP = 8  # candidates kept for the final validation
+_TAIL_LEVELS = 12  # tail caps of the bound that decides whether an order needs its (A, C, E) frontier
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,24 +101,34 @@ def _most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capaci
 
 
 def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass, g: _Group,
-            single_node: bool) -> list[_Width]:
-    """This class's stage widths for the group, each with its costable shapes."""
+            single_node: bool, memo: dict | None = None) -> list[_Width]:
+    """This class's stage widths for the group, each with its costable shapes. `memo` keeps what
+    does not depend on the replica count (shapes, layer tables, decoder and receive times) and each
+    memory limit, across groups."""
+    memo = {} if memo is None else memo
     n_dec = model.num_layers
     capacity = st.memory_capacity_bytes(cost.knobs, rc.dev)
+    key = (rc.index, g.b, g.cp, g.recompute)
+    if key not in memo:
+        rows = []
+        for shape in stage_shapes(model, training, rc, g.b):
+            if shape.hp != 1 or shape.cp != g.cp or shape.recompute != g.recompute:
+                continue
+            try:
+                table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, 1, g.b // shape.dp, shape.recompute,
+                                                       training.seq_len), model, training)
+            except HetplanError:  # a strict measured profile lacks this point: leave the shape out
+                continue
+            dec = float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1]))
+            rows.append((shape, table, dec, st.recv_s(cost.knobs, rc.dev, table, single_node)))
+        memo[key] = rows
     by_width: dict[int, list[tuple[StageShape, float, float, int]]] = {}
-    for shape in stage_shapes(model, training, rc, g.b):
-        if shape.hp != 1 or shape.cp != g.cp or shape.recompute != g.recompute:
-            continue
-        try:
-            table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, 1, g.b // shape.dp, shape.recompute,
-                                                   training.seq_len), model, training)
-        except HetplanError:  # a strict measured profile lacks this point: leave the shape out
-            continue
-        dec = float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1]))
-        recv = st.recv_s(cost.knobs, rc.dev, table, single_node)
+    for shape, table, dec, recv in memo[key]:
         bpp = st.bytes_per_param(training.zero, st.weight_copies(g.replicas, shape.dp, shape.cp, 1))
-        kmax = _most_decoders(table, n_dec, bpp, capacity)
-        by_width.setdefault(shape.gpus, []).append((shape, dec, recv, kmax))
+        fit = (key, shape, bpp)
+        if fit not in memo:
+            memo[fit] = _most_decoders(table, n_dec, bpp, capacity)
+        by_width.setdefault(shape.gpus, []).append((shape, dec, recv, memo[fit]))
     out = []
     for width, rows in sorted(by_width.items()):
         if max(r[3] for r in rows) == 0:
@@ -241,6 +252,25 @@ def _value(sp: Split, m: int) -> float:
     return sp.a_s + (m - 1) * sp.c_s + sp.e_s
 
 
+def _tail_levels_bound(views: dict[int, UniformView | None], order: tuple[tuple[_Width, int], ...], m: int,
+                       e_lo: float, e_hi: float) -> float:
+    """A lower bound on the run order's least A + (m - 1)·C + E (`views` by id of each width),
+    between the level-1 bound and the exact (A, C, E) frontier, for a fraction of the latter's
+    cost. With P(e) the least A + (m - 1)·C of splits whose tails are all <= e, from one batched
+    sweep over `_TAIL_LEVELS` caps e_1 < ... < e_K = e_hi spread over (e_lo, e_hi] (e_lo: the least
+    largest tail of any split; e_hi: the largest tail on the (A, C) frontier, so P(e_hi) is the least
+    A + (m - 1)·C of all), a split whose largest tail lies in (e_(j-1), e_j] costs at least
+    P(e_j) + e_(j-1), and one above e_K at least P(e_K) + e_K. -inf where the batched sweep does not
+    apply (a view is not uniform, or fewer microbatches than stages)."""
+    if m < sum(p for _, p in order) or any(views.get(id(w)) is None for w, _ in order) or not e_hi > e_lo:
+        return -math.inf
+    caps = [float(e) for e in np.linspace(e_lo, e_hi, _TAIL_LEVELS + 1)[1:]]
+    row = tuple(x for w, p in order for x in (id(w), p))
+    points = batched_capped_points({id(w): views[id(w)] for w, _ in order}, [row] * len(caps), caps)
+    least = [min((a + (m - 1) * c for a, c in points.get(j, [])), default=math.inf) for j in range(len(caps))]
+    return min(min(p + e for p, e in zip(least, [e_lo] + caps[:-1])), least[-1] + caps[-1])
+
+
 def _place(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, classes: list[ResourceClass],
            g: _Group, order: tuple[tuple[_Width, int], ...], split: Split) -> Plan:
     """Fill each class's GPUs in global rank order (stage, replica, stage devices)."""
@@ -296,11 +326,12 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     overhead = cost.knobs.step_overhead_s
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
     groups = _groups(model, training, classes, sizes)
+    width_memo: dict = {}
     grids: list[tuple[list[list[tuple[_Width | None, int]]], tuple[int, ...]]] = []
     lbs, gids, flats = [np.zeros(0)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     inexact = False
     for gi, g in enumerate(groups):
-        widths = [_widths(cost, model, training, rc, g, single) for rc in classes]
+        widths = [_widths(cost, model, training, rc, g, single, width_memo) for rc in classes]
         choices, thinned = _choices(widths, classes, g, n_dec)
         inexact |= thinned
         grids.append((choices, tuple(len(c) for c in choices)))
@@ -390,14 +421,18 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 record(_value(best, m) + overhead, (gi, flat, oi), order, best)
                 lb2 = min(sp.a_s + (m - 1) * sp.c_s for sp in front) + (e_min or 0.0) + overhead
                 if lb2 < incumbent():
-                    heapq.heappush(heap, (lb2, (gi, flat, oi), 2, order))
+                    heapq.heappush(heap, (lb2, (gi, flat, oi), 2, (order, e_min or 0.0, max(sp.e_s for sp in front))))
         else:  # the full (A, C, E) frontier: exact for this run order
-            pos = positions(gi, payload)
+            order, e_lo, e_hi = payload
+            mine = {id(w): views.get((gi, id(w))) for w, _ in order}
+            if _tail_levels_bound(mine, order, m, e_lo, e_hi) + overhead >= incumbent():
+                continue
+            pos = positions(gi, order)
             front = split_frontier(pos, max_in_flight=min(m, len(pos)))
             dp_runs += 1
             if front:
                 best = min(front, key=lambda sp: (_value(sp, m), sp.ranges))
-                record(_value(best, m) + overhead, (gi, flat, oi), payload, best)
+                record(_value(best, m) + overhead, (gi, flat, oi), order, best)
     found = [_evaluated(_place(model, training, cluster, classes, groups[tie[0]], order, split), cluster, cost)
              for _, tie, order, split in cands]
     if inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp:
