@@ -345,7 +345,7 @@ def _best_first(pool: UnitPool, ctx: UnitContext, start: float, time_limit: floa
 def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> None:
     """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
     tightened further, or the deadline passes. A unit is first refined with tail-capped frontiers
-    (`units.refine_unit`, `UNIT_BATCH` units at a time); a wide replica class is then split
+    (`units.refine_unit`, two units at a time); a wide replica class is then split
     (`UnitPool.split`: tails costed for more pipelines); a single count is refined again with finer
     tail levels (`units.REFINE_RATIOS`)."""
     best = min(c.step_s for c in ctx.candidates)

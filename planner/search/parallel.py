@@ -26,8 +26,7 @@ from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, chea
                                   solve_unit)
 from solvers.assign import SolverStats
 
-UNIT_BATCH = 4  # units solved (or refined) between updates of the best plan; fixed for determinism
-# (two workers take two each: with batches of two, one unit's worker often waited on the other's)
+UNIT_BATCH = 2  # units solved (or refined) between updates of the best plan; fixed for determinism
 
 _JOB: Callable[[int], object] | None = None  # read by forked workers (inherited, not pickled)
 

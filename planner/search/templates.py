@@ -227,7 +227,7 @@ def pareto_indices(usage: list[tuple[int, ...]], a: list[float], c: list[float],
 class PackedTemplates:
     """A template list as columns, to hand between processes: the thousands of bound templates a
     solved unit keeps for its refinement pickle as a few arrays instead of as objects (64 GPUs:
-    about 0.4 MB per unit, 0.04-0.12 s to unpickle as objects). `unpack` gives back
+    about 0.8 MB per batch of two units, 0.04-0.12 s to unpickle as objects). `unpack` gives back
     templates equal to the packed ones."""
 
     usage: np.ndarray  # (n, classes)
