@@ -1,11 +1,11 @@
 """Random small pools where the full search might trail the best Megatron grid.
 
-    python benchmarks/grid_check.py [--seed 1] [--count 40] [--no-polish]
+    python benchmarks/grid_check.py [--seed 1] [--count 40] [--polish auto|always|never]
 
 Draws pools of one to three of seven GPU types (1-2 nodes of 1, 2 or 4 GPUs each), OPT-350M or
 GPT-Neo-2.7B, global batch 8-64 and sequence 512-2048; searches each with the defaults and prints
 every pool where the plan is slower than the best Megatron grid (`benchmarks.baselines`), over the
-whole pool or one GPU type. `--no-polish` turns the plan polish off (`planner.search.api._polish`)
+whole pool or one GPU type. `--polish never` turns the plan polish off (`planner.search.api._polish`)
 to show what it fixes. Draws that fit nowhere are skipped.
 """
 
@@ -34,10 +34,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--count", type=int, default=40)
-    ap.add_argument("--no-polish", action="store_true")
+    ap.add_argument("--polish", default="auto", choices=("auto", "always", "never"))
     args = ap.parse_args()
-    if args.no_polish:
-        api._polish = lambda *a, **k: None
     cost = AnalyticCostModel()
     rng = random.Random(args.seed)
     searched, slower, worst = 0, 0, 0.0
@@ -48,7 +46,7 @@ def main() -> None:
         model = get_model(rng.choice(MODELS))
         training = TrainingSpec(global_batch=rng.choice([8, 16, 32, 64]), seq_len=rng.choice([512, 1024, 2048]))
         try:
-            result = api.search(model, cluster, training, cost=cost)
+            result = api.search(model, cluster, training, cost=cost, polish=args.polish)
         except HetplanError:
             continue
         searched += 1

@@ -68,6 +68,7 @@ def test_out_directory_is_not_overwritten_without_force(tmp_path: Path, capsys: 
     (["--recompute", "sometimes"], "--recompute"),
     (["--solver", "gurobi"], "solver"),
     (["--micro-batches", "3"], "global_batch"),
+    (["--polish", "sometimes"], "polish"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(args: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["plan", CLUSTER, "--model", "tiny", "--global-batch", "8"]

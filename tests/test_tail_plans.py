@@ -71,3 +71,39 @@ def test_polish_reaches_groups_only_the_bound_leans_on() -> None:
     result = search(model, cluster, training, cost=COST)
     assert result.prediction.step_s <= grid[1].step_s * (1 + 1e-9)
     assert result.gap <= 0.015
+
+
+def test_tail_caps_stop_where_no_plan_could_beat_the_incumbent() -> None:
+    """With `e_cap`, no template's largest stage tail exceeds it, and a cap below every split's
+    least largest tail leaves no template."""
+    classes = resource_classes(CLUSTER)
+    avail = tuple(rc.gpus for rc in classes)
+    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
+    provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
+                              max_blocks=2)
+    every = provider.tail_plan_templates(1, set(provider.rows))
+    tails = sorted(t.e_s for t in every)
+    cap = tails[len(tails) // 2]
+    capped = provider.tail_plan_templates(1, set(provider.rows), e_cap=cap)
+    assert capped and all(t.e_s <= cap for t in capped)
+    assert provider.tail_plan_templates(1, set(provider.rows), e_cap=tails[0] * 0.5) == []
+
+
+def test_polish_always_never_slower_and_never_skips_it() -> None:
+    """`polish="always"` re-solves the best units even when the gap target is met and tails are
+    small: on the 8-GPU ladder pool it finds a faster plan (51.226 s against 51.284 s, the bound
+    unchanged). `polish="never"` skips it where "auto" would run it (the A10 / T4 pool above)."""
+    from benchmarks.search_scale import ladder_cluster
+    from planner.errors import HetplanError
+
+    model = get_model("llama2-13b")
+    training = TrainingSpec(global_batch=256, seq_len=model.seq_len)
+    auto = search(model, ladder_cluster(8), training, cost=COST)
+    always = search(model, ladder_cluster(8), training, cost=COST, polish="always")
+    assert always.prediction.step_s < auto.prediction.step_s * (1 - 1e-4)
+    assert always.lower_bound_s == pytest.approx(auto.lower_bound_s, rel=1e-12)
+    never = search(MODEL, CLUSTER, TRAINING, cost=COST, polish="never")
+    polished = search(MODEL, CLUSTER, TRAINING, cost=COST)
+    assert never.prediction.step_s > polished.prediction.step_s * 1.03
+    with pytest.raises(HetplanError, match="polish"):
+        search(MODEL, CLUSTER, TRAINING, cost=COST, polish="sometimes")

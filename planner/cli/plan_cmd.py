@@ -92,6 +92,9 @@ def plan_command(
     refine_gap: float = typer.Option(0.015, "--refine-gap", min=0.0,
                                      help="large pools: tighten the bound until the gap is at most this "
                                           "(0.015 = 1.5 %)"),
+    polish: str = typer.Option("auto", "--polish",
+                               help="re-solve the best units' plans with tail-capped stage options: auto (when "
+                                    "the gap misses --refine-gap or tails are 5 % of the step), always, never"),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
                                 help="processes for the split frontiers (large pools); the plan does not depend on it"),
     profiles: Path | None = PROFILES_OPT,
@@ -121,7 +124,8 @@ def plan_command(
         raise HetplanError("--out", f"{out / 'plan.json'} exists (use --force to replace it)")
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
-                        max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap)
+                        max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
+                        polish=polish)
     else:
         from rich.progress import Progress
 
@@ -129,7 +133,7 @@ def plan_command(
             task = bar.add_task("searching", total=1.0)
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                             max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
-                            progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+                            polish=polish, progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate
 

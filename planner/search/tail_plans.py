@@ -18,7 +18,7 @@ import numpy as np
 from planner.search.options import pruned_options
 from planner.search.space import BlockType, skeleton_usage
 from planner.search.templates import Template, TemplateStage, prune_templates
-from solvers.batched_runs import batched_frontiers, row_skeleton
+from solvers.batched_runs import batched_frontiers, batched_min_max_tails, row_skeleton
 from solvers.uniform_layers import INF, Kind, UniformView, uniform_view
 
 LEVEL_RATIO = 1.5  # successive tail caps
@@ -31,18 +31,20 @@ def _capped(view: UniformView, cap: float) -> UniformView:
     return UniformView(view.n, *kinds, view.capacity)
 
 
-def _levels(views: list[UniformView], ratio: float) -> list[float]:
-    """Caps from the least positive tail of a usable option to the largest, `ratio` apart."""
+def _levels(views: list[UniformView], ratio: float, lo: float | None = None, hi: float | None = None) -> list[float]:
+    """Caps from `lo` (default: the least positive tail of a usable option) to `hi` (default: the
+    largest), `ratio` apart; the last cap is `hi` itself."""
     tails = np.concatenate([k.tail[np.isfinite(k.fb)].ravel() for v in views
                             for k in (v.first, v.mid, v.last, v.whole)])
     tails = tails[np.isfinite(tails)]
     if not tails.size:
         return []
-    lo, hi = float(np.min(tails)), float(np.max(tails))
+    lo = float(np.min(tails)) if lo is None else lo
+    hi = float(np.max(tails)) if hi is None else min(hi, float(np.max(tails)))
     if hi <= lo or lo <= 0:
-        return [hi]
+        return [max(hi, lo)]
     steps = int(math.ceil(math.log(hi / lo) / math.log(ratio)))
-    return [lo * ratio ** k for k in range(steps)] + [hi]
+    return [hi / ratio ** k for k in range(steps, 0, -1)] + [hi]
 
 
 class TailPlans:
@@ -55,9 +57,11 @@ class TailPlans:
     _uniform: dict[BlockType, bool]
 
     def tail_plan_templates(self, replicas: int, groups: set[tuple[BlockType, ...]],
-                            ratio: float = LEVEL_RATIO) -> list[Template]:
+                            ratio: float = LEVEL_RATIO, e_cap: float = INF) -> list[Template]:
         """Plan templates (stages filled in) of the skeletons of `groups` (identical decoder layers
-        only) with every stage's tail, costed for `replicas` pipelines, under each cap of `_levels`."""
+        only) with every stage's tail, costed for `replicas` pipelines, under each cap of `_levels`:
+        from the least largest tail any of their splits can have (lower caps leave no split) up to
+        `e_cap` (a plan with a larger tail cannot beat the best so far)."""
         full = self._full_options(1)  # memory as for the plan templates
         groups = {g for g in groups if g in self.rows}
         for bt in {bt for g in groups for bt in g} - set(self._uniform):
@@ -70,10 +74,14 @@ class TailPlans:
         opts, _, keep = pruned_options(with_tails, {bt: self.shapes[bt] for bt in bts}, use_tail=True,
                                        uniform=self._uniform)
         views = {bt: uniform_view(opts[bt], trusted=True) for bt in bts}
-        levels = _levels(list(views.values()), ratio)
+        plain = [row for g in sorted(groups) for row in self.rows[g]]
+        least = [t for t in batched_min_max_tails(views, plain).values() if t is not None]
+        if not least or min(least) > e_cap:
+            return []
+        levels = _levels(list(views.values()), ratio, lo=min(least), hi=e_cap)
         capped = {(bt, j): _capped(views[bt], e) for bt in bts for j, e in enumerate(levels)}
         rows = [tuple(x for k in range(0, len(row), 2) for x in ((row[k], j), row[k + 1]))
-                for g in sorted(groups) for row in self.rows[g] for j in range(len(levels))]
+                for row in plain for j in range(len(levels))]
         n_cls = len(self.classes)
         out = []
         for row, splits in batched_frontiers(capped, rows).items():

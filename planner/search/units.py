@@ -262,7 +262,9 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used_lb)
               if lb_set[k].skeleton is not None}
     groups |= {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
-    extra = provider.tail_plan_templates(u.lo, groups)
+    # tails above e_cap cannot be in a plan that beats the incumbent
+    pipe = pipeline_time_bound(_problem(plan_set, *args), ctx.stats)
+    extra = provider.tail_plan_templates(u.lo, groups, e_cap=incumbent_s - overhead - (pipe or 0.0))
     if not extra:
         return
     plan_set = plan_set + extra
