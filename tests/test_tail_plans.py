@@ -102,6 +102,7 @@ def test_polish_always_never_slower_and_never_skips_it() -> None:
     always = search(model, ladder_cluster(8), training, cost=COST, polish="always")
     assert always.prediction.step_s < auto.prediction.step_s * (1 - 1e-4)
     assert always.lower_bound_s == pytest.approx(auto.lower_bound_s, rel=1e-12)
+    assert auto.stats["units_polished"] == 0 < always.stats["units_polished"]
     never = search(MODEL, CLUSTER, TRAINING, cost=COST, polish="never")
     polished = search(MODEL, CLUSTER, TRAINING, cost=COST)
     assert never.prediction.step_s > polished.prediction.step_s * 1.03

@@ -217,7 +217,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     timed_out = False
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
-                "units_split": 0}
+                "units_split": 0, "units_polished": 0}
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
@@ -401,6 +401,7 @@ def _polish(ctx: UnitContext, target: float, deadline: float | None, always: boo
         if su.bound_s >= best / (1 + 1e-3):
             break
         polish_unit(su, ctx, best, deadline)
+        ctx.explored["units_polished"] += 1
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
