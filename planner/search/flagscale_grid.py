@@ -356,16 +356,16 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         cands.sort(key=lambda c: (c[0], c[1]))
         del cands[_KEEP:]
 
+    def options_of(gi: int, w: _Width) -> StageOptions:
+        key = (gi, id(w))
+        if key not in opts_cache:
+            g = groups[gi]
+            ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
+            opts_cache[key] = _masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
+        return opts_cache[key]
+
     def positions(gi: int, order: tuple) -> list[StageOptions]:
-        g = groups[gi]
-        out = []
-        for w, p in order:
-            key = (gi, id(w))
-            if key not in opts_cache:
-                ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
-                opts_cache[key] = _masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
-            out += [opts_cache[key]] * p
-        return out
+        return [options_of(gi, w) for w, p in order for _ in range(p)]
 
     def frontiers(gi: int, orders: list[tuple]) -> list[tuple[list[Split], float | None]]:
         """Per run order, its (A, C) split frontier and least largest tail: all orders in one batched
@@ -375,9 +375,8 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         m = groups[gi].microbatches
         meshes = orders[0]
         for w, _ in meshes:
-            positions(gi, ((w, 1),))
             if (gi, id(w)) not in views:
-                views[(gi, id(w))] = uniform_view(opts_cache[(gi, id(w))])
+                views[(gi, id(w))] = uniform_view(options_of(gi, w))
         mine = {id(w): views[(gi, id(w))] for w, _ in meshes}
         if m >= sum(p for _, p in meshes) and all(v is not None for v in mine.values()):
             rows = [tuple(x for w, p in order for x in (id(w), p)) for order in orders]

@@ -87,18 +87,16 @@ def _whole_node_groups(cluster: ClusterSpec, nodes: list, starts: list[int], lo:
     return True
 
 
-def _ranks(cluster: ClusterSpec, n_nodes: int, lo: int, hi: int) -> list[tuple[str, int]]:
-    """(node name, local rank) of global ranks [lo, hi) on the first `n_nodes` nodes."""
-    ranks = [(n.name, i) for n in cluster.node_list[:n_nodes] for i in range(n.gpus)]
-    return ranks[lo:hi]
+def _ranks(cluster: ClusterSpec, n_nodes: int) -> list[tuple[str, int]]:
+    """(node name, local rank) of every global rank on the first `n_nodes` nodes, in rank order."""
+    return [(n.name, i) for n in cluster.node_list[:n_nodes] for i in range(n.gpus)]
 
 
 def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed: dict,
                gpus_upto: list[int]) -> tuple | None:
     """(stages on nodes, dp, microbatches per pipeline, the stages' device classes, stages per
-    device key) of the grid, or
-    None when the global batch or the GPU count does not divide, or Megatron's rank order cannot
-    place it. `placed`: `_stages_on_nodes` and its device classes by (nodes, tp*cp, pp), shared
+    device key) of the grid, or None when the global batch or the GPU count does not divide, or
+    Megatron's rank order cannot place it. `placed`: `_stages_on_nodes` and its device classes by (nodes, tp*cp, pp), shared
     across grids (microbatch sizes and recompute modes repeat a placement); `gpus_upto[k]`: GPUs of
     the first k nodes."""
     n_nodes, tp, cp, pp, b, _ = grid
@@ -211,7 +209,7 @@ def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, c
         return None
     split = min(splits, key=lambda sp: (sp.a_s + (m - 1) * sp.c_s + sp.e_s, sp.ranges))
     pipelines = []
-    ranks = _ranks(cluster, lay.grid[0], 0, lay.stage_nodes[-1][0][1])
+    ranks = _ranks(cluster, lay.grid[0])
     for d in range(lay.dp):
         stages = []
         for s, (((lo, _), group), (first, last)) in enumerate(zip(lay.stage_nodes, split.ranges)):

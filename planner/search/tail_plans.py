@@ -32,8 +32,9 @@ def _capped(view: UniformView, cap: float) -> UniformView:
 
 
 def _levels(views: list[UniformView], ratio: float, lo: float | None = None, hi: float | None = None) -> list[float]:
-    """Caps from `lo` (default: the least positive tail of a usable option) to `hi` (default: the
-    largest), `ratio` apart; the last cap is `hi` itself."""
+    """Caps `ratio` apart down from `hi` (default: the largest tail of a usable option; the top cap
+    is `hi` itself) to the first at or below `lo` (default: the least such tail). Anchored at the
+    top: the caps just under what a winning plan may have are the ones that matter."""
     tails = np.concatenate([k.tail[np.isfinite(k.fb)].ravel() for v in views
                             for k in (v.first, v.mid, v.last, v.whole)])
     tails = tails[np.isfinite(tails)]
