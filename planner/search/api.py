@@ -178,8 +178,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 
     `polish` ("auto", "always", "never"): when the best units' plans are re-solved with
     tail-capped stage options (`_polish`). "always" found faster plans on 4 of 20 pools (the 16
-    bench scenarios and the 8-64 GPU ladder rungs; 0.1-1.3 %) for 8-115 % more search time (median
-    about 25 %), so "auto" runs it only where the gap or the tails say it is likely to pay.
+    bench scenarios and the 8-64 GPU ladder rungs; 0.1-1.3 %) for 10-45 % more search time
+    (`benchmarks/polish_check.py`), so "auto" runs it only where the gap or the tails say it is
+    likely to pay.
 
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
