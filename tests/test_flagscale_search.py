@@ -151,7 +151,11 @@ def test_batched_frontiers_give_the_general_dp_plans(two_type, monkeypatch: pyte
     cost = AnalyticCostModel()
     cases = _cases(two_type)[1:] + [(get_model("llama2-13b"), load_cluster(EXAMPLES / "mixed.yaml"),
                                      TrainingSpec(global_batch=64, seq_len=4096, micro_batches=(1, 2)))]
+    batched = fg.batched_frontiers
+    sweeps = []
+    monkeypatch.setattr(fg, "batched_frontiers", lambda *a, **k: sweeps.append(1) or batched(*a, **k))
     fast = [_search(model, cluster, training, cost) for model, cluster, training in cases]
+    assert len(sweeps) > 50  # the batched path ran
     monkeypatch.setattr(fg, "uniform_view", lambda opts: None)
     slow = [_search(model, cluster, training, cost) for model, cluster, training in cases]
     for a, b in zip(fast, slow):

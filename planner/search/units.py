@@ -257,20 +257,21 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
     args = (ctx.avail, u.microbatches, (u.lo, u.hi))
     used_lb = lp_support(_problem(lb_set, *args), su.bound_s - overhead, stats=ctx.stats) if lb_set else []
-    used = lp_support(_problem(plan_set, *args), incumbent_s - overhead, stats=ctx.stats)
+    plan_problem = _problem(plan_set, *args)
+    used = lp_support(plan_problem, incumbent_s - overhead, stats=ctx.stats)
     protos = provider.plan_protos
     groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used_lb)
               if lb_set[k].skeleton is not None}
     groups |= {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
     # tails above e_cap cannot be in a plan that beats the incumbent
-    pipe = pipeline_time_bound(_problem(plan_set, *args), ctx.stats)
+    pipe = pipeline_time_bound(plan_problem, ctx.stats)
     extra = provider.tail_plan_templates(u.lo, groups, e_cap=incumbent_s - overhead - (pipe or 0.0))
     if not extra:
         return
     plan_set = plan_set + extra
     unit = SolverStats()
-    sol = solve_assignment_lp(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
-                              incumbent_s=incumbent_s - overhead, deadline=deadline)
+    sol = solve_assignment_lp(_problem(plan_set, *args), unit, incumbent_s=incumbent_s - overhead,
+                              deadline=deadline)
     ctx.stats.ilp_solves += unit.ilp_solves
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u, ctx)
