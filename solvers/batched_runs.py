@@ -17,7 +17,7 @@ convolution per stage position for all rows together. The results (splits, optio
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -228,23 +228,48 @@ def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -
 def coded_min_max_tails(views: list[UniformView], codes: RowCodes) -> np.ndarray:
     """`batched_min_max_tails` on rows coded against `views` (in order): the least largest tail
     of each live row, +inf where no split fits."""
-    out = np.full(len(codes.live), INF)
     if not codes.live:
-        return out
+        return np.full(0, INF)
     caps = [v.capacity for v in views]
-    big_n = views[0].decoders
+    flights = int(codes.total.max())
+    return _coded_min_max(codes, lambda kind, f: _least_tail([getattr(v, kind) for v in views], caps, f), flights)
+
+
+def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:
+    """Least possible largest stage F+B (the bottleneck C) over every memory-feasible split of
+    each row (as in `batched_frontiers`), in one (min, max) DP for all rows: a stage's F+B is at
+    least its cheapest option that fits, so no split of the row has a smaller C. With a row's
+    least A it bounds every split a cut-short frontier did not reach (`Budget.cut`)."""
+    keys = list(views)
+    if not keys:
+        return {}
+    vs = [views[k] for k in keys]
+    codes = RowCodes.of(keys, rows, vs[0].n)
+    if not codes.live:
+        return {}
+    caps = [v.capacity for v in vs]
+    least = _coded_min_max(codes, lambda kind, f: _least([getattr(v, kind) for v in vs], caps, f).fb,
+                           int(codes.total.max()))
+    return {r: (c if math.isfinite(c) else None) for r, c in zip(codes.live, least.tolist())}
+
+
+def _coded_min_max(codes: RowCodes, table: Callable[[str, int], np.ndarray], flights: int) -> np.ndarray:
+    """Least over splits of the largest per-stage value, for every live row: `table(kind, F)` is
+    that value by (flight 0..F, type, decoders) for the stage kind ("first", "mid", "last",
+    "whole"), +inf where no option fits."""
+    out = np.full(len(codes.live), INF)
     total = codes.total
     ones = np.flatnonzero(total == 1)
-    out[ones] = _least_tail([v.whole for v in views], caps, 1)[1, codes.rev[ones, 1], big_n]
+    whole = table("whole", 1)
+    big_n = whole.shape[2] - 1
+    out[ones] = whole[1, codes.rev[ones, 1], big_n]
     order = np.flatnonzero(total >= 2)
     if not len(order):
         return out
     order = order[np.argsort(-total[order], kind="stable")]
     rev, tot = codes.rev[order], total[order]
-    flights = int(tot[0])
-    first = _least_tail([v.first for v in views], caps, flights)
-    mid = _least_tail([v.mid for v in views], caps, flights)
-    value = _least_tail([v.last for v in views], caps, 1)[1, rev[:, 1]]  # (B, D)
+    first, mid = table("first", flights), table("mid", flights)
+    value = table("last", 1)[1, rev[:, 1]]  # (B, D)
     rest = big_n - np.arange(big_n + 1)
     for r in range(1, flights):
         active = int(np.count_nonzero(tot > r))

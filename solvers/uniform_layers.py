@@ -255,10 +255,13 @@ def _recover(view: UniformView, b: int, s: int, d0: int, o0: int, trace: list, l
 @dataclass
 class Budget:
     """A wall-clock deadline (`time.perf_counter`) for the parametric sweeps; `hit` records that a
-    sweep stopped early (its frontiers are then incomplete: fine for plans, not for bounds)."""
+    sweep stopped early, `cut` the rows it stopped (their frontiers are incomplete: fine for plans;
+    for a bound, a row's splits below its last point's C have A at least that point's, and C at
+    least the row's least bottleneck, `batched_runs.batched_least_bottlenecks`)."""
 
     deadline: float | None = None
     hit: bool = False
+    cut: list = field(default_factory=list)
 
     def over(self) -> bool:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -276,7 +279,10 @@ def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Spli
     found: dict[Hashable, list[Split]] = {r: [] for r in live}
     caps = {r: INF for r in live}
     for k in range(max_rounds):
-        if not live or (k > 0 and budget is not None and budget.over()):
+        if not live:
+            break
+        if k > 0 and budget is not None and budget.over():
+            budget.cut.extend(live)
             break
         sols = solve(live, np.array([caps[r] for r in live]))
         nxt = []

@@ -153,3 +153,44 @@ def test_rows_and_skeletons_convert_both_ways() -> None:
     assert skeleton_row(("x", "x", "y", "z", "z")) == ("x", 2, "y", 1, "z", 2)
     assert row_skeleton(("x", 2, "y", 1, "z", 2)) == ("x", "x", "y", "z", "z")
     assert row_skeleton(("x", 3, "x", 0)) == ("x", "x", "x")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_least_bottleneck_is_the_least_c_of_every_split(seed: int) -> None:
+    """`batched_least_bottlenecks` is the smallest C of the row's frontier (the general DP's, on
+    two- and three-run rows), and None exactly where no split fits."""
+    from solvers.batched_runs import batched_least_bottlenecks, row_skeleton
+
+    n, opts, views, rows = _instance(seed)
+    rows = rows + _three_run_rows(views, n)[::7]
+    got = batched_least_bottlenecks(views, rows)
+    for row in rows:
+        ref = split_frontier([opts[x] for x in row_skeleton(row)], with_tail=False)
+        want = min((p.c_s for p in ref), default=None)
+        if want is None:
+            assert got[row] is None, row
+        else:
+            assert got[row] == pytest.approx(want, rel=1e-12), row
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_cut_frontier_and_its_screen_bound_every_split(seed: int) -> None:
+    """Stopped after the first round (`Budget` past its deadline), a row keeps its least-A split;
+    with the screen (that split's A, the row's least bottleneck) every point of the full frontier
+    is dominated by a kept point or the screen, so bound templates built from them stay valid."""
+    from solvers.batched_runs import batched_least_bottlenecks
+    from solvers.uniform_layers import Budget
+
+    _, _, views, rows = _instance(seed)
+    full = batched_frontiers(views, rows)
+    budget = Budget(deadline=0.0)
+    cut = batched_frontiers(views, rows, budget)
+    assert budget.hit and set(budget.cut) == set(full)  # every row with a split was still live
+    least = batched_least_bottlenecks(views, budget.cut)
+    for row, points in full.items():
+        kept = [(p.a_s, p.c_s) for p in cut[row]]
+        if row in budget.cut:
+            kept.append((max(a for a, _ in kept), least[row]))
+        for p in points:
+            assert any(a <= p.a_s * (1 + 1e-12) and c <= p.c_s * (1 + 1e-12) for a, c in kept), (row, p)
+    assert any(len(full[r]) > 1 for r in budget.cut)  # the screen stands for points really left out

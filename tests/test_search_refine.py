@@ -151,8 +151,11 @@ def test_search_is_callable_and_stays_a_package() -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_deadline_inside_the_frontiers_still_gives_a_real_plan(workers: int) -> None:
     """Past the deadline the split frontiers keep only each skeleton's least-A split: the search
-    still returns a valid plan, says it timed out, and falls back to the fluid bound."""
+    still returns a valid plan and says it timed out. Its bound comes from the cut frontiers and
+    their screens (`BlocksProvider._screens_of`), so it is above the fluid bound it used to fall
+    back to, and still below the plan the full search finds."""
     from planner.evaluate import evaluate
+    from planner.search.api import _fluid, micro_batch_sizes
     from planner.validate import violations
 
     result = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, time_limit=1e-6, workers=workers)
@@ -160,6 +163,37 @@ def test_a_deadline_inside_the_frontiers_still_gives_a_real_plan(workers: int) -
     assert not violations(result.plan, BIG_CLUSTER, COST)
     assert evaluate(result.plan, BIG_CLUSTER, COST).step_s == pytest.approx(result.prediction.step_s, rel=1e-9)
     assert 0 < result.lower_bound_s <= result.prediction.step_s
+    full = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=workers)
+    assert result.lower_bound_s <= full.prediction.step_s
+    classes = resource_classes(BIG_CLUSTER)
+    fluid = min(_fluid(COST, BIG_MODEL, BIG_TRAINING, classes, b) for b in micro_batch_sizes(BIG_TRAINING))
+    assert result.lower_bound_s > 1.03 * fluid
+
+
+def test_a_cut_frontier_keeps_a_valid_bound() -> None:
+    """A provider whose frontiers a deadline cut after the first round: plan protos are real
+    splits, the bound protos add a screen per cut row, and every bound proto of the uncut provider
+    is dominated (A and C, same skeleton) by one of them; nothing is left to the fluid bound."""
+    classes = resource_classes(BIG_CLUSTER)
+    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
+    avail = tuple(rc.gpus for rc in classes)
+
+    def provider(deadline: float | None) -> BlocksProvider:
+        return BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+                              BIG_CLUSTER.single_node, deadline=deadline)
+
+    cut, full = provider(0.0), provider(None)
+    assert all(p.ranges for p in cut.plan_protos)
+    screens = [p for p in cut.lb_protos if not p.ranges]
+    assert screens and not cut.truncated
+    kept: dict[tuple, list[tuple[float, float]]] = {}
+    for p in cut.lb_protos:
+        kept.setdefault(p.skeleton, []).append((p.a_s, p.c_s))
+    left_out = 0
+    for p in full.lb_protos:
+        assert any(a <= p.a_s * (1 + 1e-12) and c <= p.c_s * (1 + 1e-12) for a, c in kept[p.skeleton]), p
+        left_out += all((a, c) != (p.a_s, p.c_s) for a, c in kept[p.skeleton])
+    assert left_out > 0  # the cut really left frontier points out
 
 
 def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:

@@ -26,7 +26,8 @@ from planner.search.tail_plans import TailPlans
 from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import Row, RowCodes, batched_frontiers, coded_min_max_tails, row_skeleton, skeleton_row
+from solvers.batched_runs import (Row, RowCodes, batched_frontiers, batched_least_bottlenecks, coded_min_max_tails,
+                                  row_skeleton, skeleton_row)
 from solvers.partition import StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
@@ -83,13 +84,16 @@ class BlocksProvider(TailLevels, TailPlans):
         self.skeletons = block_skeletons(list(shapes), avail, model.num_layer_slots, max_blocks, mixed_lens)
         self.stats = ProviderStats(skeletons=len(self.skeletons))
         self.deadline = deadline
-        self.truncated = False  # the deadline stopped the frontier enumeration: no bound from here
+        # the deadline left some skeleton (of the general DP) without any split: no bound from
+        # here (rows of the batched sweep it cuts short keep a bound, `_screens_of`)
+        self.truncated = False
         r_all = max(1, sum(avail))
         self._r_lb = 1 if training.zero == 0 else r_all
         self._full: dict[int, dict[BlockType, StageOptions]] = {}
         self._uniform: dict[BlockType, bool] = {}
         self._plan_protos: list[_Proto] | None = None  # computed on first use (best-first search
         self._lb_protos: list[_Proto] | None = None  # may never need this microbatch size)
+        self._plan_screens: list[_Proto] = []  # bound-only protos of the plan protos' cut rows
         self._zero: list[Template] | None = None
         self._relaxed: list[Template] | None = None
         self._stage_index: dict[BlockType, np.ndarray] | None = None
@@ -114,13 +118,20 @@ class BlocksProvider(TailLevels, TailPlans):
     @property
     def plan_protos(self) -> list[_Proto]:
         if self._plan_protos is None:
-            self._plan_protos = self._protos(1)
+            parts = [self._proto_rows(1, 0, 1)]
+            self._plan_protos, self._plan_screens = self._assemble(parts), self._screens(parts)
         return self._plan_protos
 
     @property
     def lb_protos(self) -> list[_Proto]:
+        """The bound's protos: the plan protos (or, with ZeRO, those with memory for every
+        replica), and a bound-only proto (no ranges) per row a deadline cut short (`_screens_of`)."""
         if self._lb_protos is None:
-            self._lb_protos = self._bounded(self.plan_protos if self._r_lb == 1 else self._protos(self._r_lb))
+            if self._r_lb == 1:
+                self._lb_protos = self._bounded(self.plan_protos + self._plan_screens)
+            else:
+                parts = [self._proto_rows(self._r_lb, 0, 1)]
+                self._lb_protos = self._bounded(self._assemble(parts) + self._screens(parts))
         return self._lb_protos
 
     def _bounded(self, protos: list[_Proto]) -> list[_Proto]:
@@ -146,9 +157,13 @@ class BlocksProvider(TailLevels, TailPlans):
         """Take the frontiers of all parts (`frontier_part`, in part order)."""
         for _, _, uniform in states:
             self._uniform.update(uniform)
-        self._plan_protos = self._assemble([st[0] for st in states])
-        self._lb_protos = self._bounded(self._plan_protos if self._r_lb == 1
-                                        else self._assemble([st[1] for st in states]))
+        plan_parts = [st[0] for st in states]
+        self._plan_protos, self._plan_screens = self._assemble(plan_parts), self._screens(plan_parts)
+        if self._r_lb == 1:
+            self._lb_protos = self._bounded(self._plan_protos + self._plan_screens)
+        else:
+            parts = [st[1] for st in states]
+            self._lb_protos = self._bounded(self._assemble(parts) + self._screens(parts))
         self._ac = {}
         self._plan_use = None
         self._plan_stages = {}
@@ -210,24 +225,30 @@ class BlocksProvider(TailLevels, TailPlans):
             self._full[r_mem] = self._options(1, r_mem)
         return self._full[r_mem]
 
-    def _protos(self, r_mem: int) -> list[_Proto]:
-        return self._assemble([self._proto_rows(r_mem, 0, 1)])
-
-    def _assemble(self, parts: list[tuple[dict, list[_Proto], bool]]) -> list[_Proto]:
-        """Protos of every part in one fixed order (homogeneous rows, two-run rows, then the
-        general-DP skeletons), whatever the parts were."""
+    def _assemble(self, parts: list[tuple]) -> list[_Proto]:
+        """Protos of every part (`_proto_rows`) in one fixed order (homogeneous rows, two-run
+        rows, then the general-DP skeletons), whatever the parts were."""
         rows: dict[tuple, list[_Proto]] = {}
-        for found, _, truncated in parts:
+        for found, _, truncated, _ in parts:
             rows.update(found)
             self.truncated = self.truncated or truncated
         out: list[_Proto] = []
         for group_rows in self.rows.values():
             for row in group_rows:
                 out.extend(rows.get(row, ()))
-        for _, general, _ in parts:
+        for _, general, _, _ in parts:
             out.extend(general)
         self.stats.templates += len(out)
         return out
+
+    def _screens(self, parts: list[tuple]) -> list[_Proto]:
+        """The bound-only protos of every part (`_screens_of`), in row order."""
+        screens: dict[tuple, _Proto] = {}
+        for part in parts:
+            screens.update(part[3])
+        if not screens:
+            return []
+        return [screens[row] for group_rows in self.rows.values() for row in group_rows if row in screens]
 
     def _proto_rows(self, r_mem: int, part: int, parts: int) -> tuple[dict, list[_Proto], bool]:
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
@@ -244,14 +265,16 @@ class BlocksProvider(TailLevels, TailPlans):
         # identical decoder layers: every skeleton of uniform types in one batched sweep
         rows = [row for g, group_rows in self.rows.items() if all(views[bt] is not None for bt in g)
                 for row in group_rows]
-        found = batched_frontiers({bt: v for bt, v in views.items() if v is not None}, rows[part::parts], budget)
+        live = {bt: v for bt, v in views.items() if v is not None}
+        found = batched_frontiers(live, rows[part::parts], budget)
         out: dict[tuple, list[_Proto]] = {}
         for row, splits in found.items():
             sk = row_skeleton(row)
             out[row] = [_Proto(sk, sp.a_s, sp.c_s, sp.ranges,
                                tuple(keep[bt][o] for bt, o in zip(sk, sp.options))) for sp in splits]
+        screens = self._screens_of(live, budget.cut, out)
         general: list[_Proto] = []
-        truncated = budget.hit
+        truncated = False  # a skeleton left without any split: only the fluid bound covers it
         for sk in self.skeletons if part == 0 else ():
             if all(views.get(bt) is not None for bt in set(sk)):
                 continue
@@ -261,7 +284,27 @@ class BlocksProvider(TailLevels, TailPlans):
             for split in split_frontier([opts[bt] for bt in sk], with_tail=False):
                 idx = tuple(keep[bt][o] for bt, o in zip(sk, split.options))
                 general.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
-        return out, general, truncated
+        return out, general, truncated, screens
+
+    @staticmethod
+    def _screens_of(views: dict, cut: list[Row], found: dict[tuple, list[_Proto]]) -> dict[Row, _Proto]:
+        """Bound-only protos (no ranges) for the rows a deadline cut short: every split of a row
+        that its frontier did not reach has a smaller C than the last point found, so A at least
+        that point's (the least A under a lower cap only grows) and C at least the row's least
+        bottleneck."""
+        if not cut:
+            return {}
+        least = batched_least_bottlenecks(views, cut)
+        out = {}
+        for row in cut:
+            points = found.get(row)
+            c_lb = least.get(row)
+            if not points or c_lb is None:
+                continue
+            last = max(points, key=lambda p: (p.a_s, -p.c_s))
+            if c_lb < last.c_s:
+                out[row] = _Proto(last.skeleton, last.a_s, c_lb, (), ())
+        return out
 
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""

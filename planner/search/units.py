@@ -182,9 +182,10 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u, ctx)
         copies, seen = int(sum(sol.counts)), {u.lo}
-        while provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES:
+        while (provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES
+               and (time_limit is None or time.perf_counter() - start < time_limit)):
             # tails were costed for another pipeline count: re-solve with them costed for the
-            # count chosen (any count of the class allowed), until the count repeats
+            # count chosen (any count of the class allowed), until the count repeats or time is up
             seen.add(copies)
             exact_set = provider.plan_templates(copies)
             again = _solve_lp(lambda: exact_set, None, (ctx.avail, u.microbatches, (u.lo, u.hi)),
