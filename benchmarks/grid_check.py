@@ -5,7 +5,7 @@
 Draws pools of one to three of seven GPU types (1-2 nodes of 1, 2 or 4 GPUs each), OPT-350M or
 GPT-Neo-2.7B, global batch 8-64 and sequence 512-2048; searches each with the defaults and prints
 every pool where the plan is slower than the best Megatron grid (`benchmarks.baselines`), over the
-whole pool or one GPU type. `--polish never` turns the plan polish off (`planner.search.api._polish`)
+whole pool or one GPU type. `--polish never` turns the plan polish off (`planner.search.unit_loop.polish`)
 to show what it fixes. Draws that fit nowhere are skipped.
 """
 

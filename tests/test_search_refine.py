@@ -266,3 +266,39 @@ def test_collections_are_deferred_while_a_search_runs_and_restored_after() -> No
     with pytest.raises(HetplanError):
         search(MODEL, CLUSTER, TRAINING.model_copy(update={"schedule": "gpipe"}), cost=COST)
     assert gc.get_threshold() == before  # restored on errors too
+
+
+def test_units_of_cut_short_sizes_are_solved_after_the_others() -> None:
+    """`unit_loop.best_first` takes units by cheap bound, but those of a microbatch size whose
+    frontiers a deadline cut short (low cheap bounds from their screens, plans from few splits)
+    only after every other unit; units that cannot beat the best plan are only bounded."""
+    from types import SimpleNamespace
+
+    from planner.search.unit_loop import best_first
+    from planner.search.units import Candidate, Unit, UnitContext
+    from solvers.assign import SolverStats
+
+    cut, whole = SimpleNamespace(cut_short=True), SimpleNamespace(cut_short=False)
+    units = [Unit(1, cut, 1, 1, 8), Unit(2, whole, 1, 1, 4), Unit(1, cut, 2, 2, 8), Unit(2, whole, 2, 2, 4),
+             Unit(4, whole, 1, 1, 2)]
+    cheap = [1.0, 2.0, 1.5, 2.5, 9.0]
+    ctx = UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, resource_classes(BIG_CLUSTER), COST, (8,), [], [],
+                      set(), SolverStats(), {"assignments": 0})
+    order: list[Unit] = []
+
+    class Pool:
+        def __init__(self) -> None:
+            self.units = units
+
+        def cheap_bounds(self) -> list[float]:
+            return cheap
+
+        def solve(self, batch: list[Unit]) -> bool:
+            order.extend(batch)
+            ctx.candidates.append(Candidate(5.0, None, None, batch[0].b))  # a plan of 5 s
+            return False
+
+    best_first(Pool(), ctx, 0.0, None, None)
+    overhead = COST.knobs.step_overhead_s
+    assert order == [units[1], units[3], units[0], units[2]]  # whole size first, each tier by bound
+    assert ctx.bounds == [9.0 + overhead]  # cannot beat 5 s: bounded, never solved

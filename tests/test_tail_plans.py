@@ -1,5 +1,5 @@
 """Tail-capped plan templates (`planner.search.tail_plans`) and the polish step that uses them when
-the gap target is missed (`api._polish`)."""
+the gap target is missed (`unit_loop.polish`)."""
 
 from __future__ import annotations
 

@@ -32,18 +32,17 @@ from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
 from planner.search.exact_provider import ExactProvider
-from planner.search.parallel import UNIT_BATCH, UnitPool, prefetch_frontiers
+from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.units import (Candidate, Unit, UnitContext, coverage_rank, mixed_lengths,
-                                  polish_unit, skip_units, solve_unit)
+from planner.search.unit_loop import Progress, best_first, refine
+from planner.search.unit_loop import polish as polish_phase
+from planner.search.units import Candidate, Unit, UnitContext, coverage_rank, mixed_lengths, solve_unit
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.assign import SolverStats
-
-Progress = Callable[[float, str], None]
 
 
 @dataclass
@@ -173,11 +172,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`, then
-    split replica classes and finer tail levels; `_refine`) until the gap is at most `refine_gap`
+    split replica classes and finer tail levels; `unit_loop.refine`) until the gap is at most `refine_gap`
     (None: never), the lowest bound cannot be tightened further, or the time limit passes.
 
     `polish` ("auto", "always", "never"): when the best units' plans are re-solved with
-    tail-capped stage options (`_polish`). "always" found faster plans on 4 of 20 pools (the 16
+    tail-capped stage options (`unit_loop.polish`). "always" found faster plans on 4 of 20 pools (the 16
     bench scenarios and the 8-64 GPU ladder rungs; 0.1-1.3 %) for 10-45 % more search time
     (`benchmarks/polish_check.py`), so "auto" runs it only where the gap or the tails say it is
     likely to pay.
@@ -276,12 +275,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     if pending:
         prefetch_frontiers(providers, workers)
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
-            timed_out = _best_first(pool, ctx, start, time_limit, progress) or timed_out
+            timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
             deadline = None if time_limit is None else start + time_limit
             if candidates and refine_gap is not None:
-                _refine(ctx, refine_gap, deadline, pool)
+                refine(ctx, refine_gap, deadline, pool)
             if candidates and (polish == "always" or (polish == "auto" and refine_gap is not None)):
-                _polish(ctx, refine_gap or 0.0, deadline, polish == "always")
+                polish_phase(ctx, refine_gap or 0.0, deadline, polish == "always")
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -317,93 +316,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
-
-
-def _best_first(pool: UnitPool, ctx: UnitContext, start: float, time_limit: float | None,
-                progress: Progress | None) -> bool:
-    """Solve the pool's units best-first: each unit's least pipeline time with no tails (one LP per
-    bisection step) bounds every plan in it, and units are solved in that order, `UNIT_BATCH` at a
-    time, until none can beat the best plan found. True if the time limit cut it short."""
-    overhead = ctx.cost.knobs.step_overhead_s
-    cheap_of = pool.cheap_bounds()
-    keyed = sorted(((cheap_of[i], i, u) for i, u in enumerate(pool.units)),
-                   key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
-    timed_out = False
-    k = 0
-    while k < len(keyed):
-        incumbent = min((c.step_s for c in ctx.candidates), default=None)
-        if time_limit is not None and time.perf_counter() - start > time_limit and ctx.candidates:
-            skip_units(keyed[k:], overhead, ctx)
-            return True
-        batch: list[Unit] = []
-        while k < len(keyed) and len(batch) < UNIT_BATCH:
-            cheap, _, u = keyed[k]
-            if cheap is not None and incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
-                break  # this and every later unit cannot beat the best plan: only bounded
-            k += 1
-            if cheap is not None:
-                batch.append(u)
-        if not batch:
-            skip_units(keyed[k:], overhead, ctx)
-            break
-        if progress:
-            progress(k / len(keyed), f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
-        timed_out = pool.solve(batch) or timed_out
-    return timed_out
-
-
-def _refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> None:
-    """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
-    tightened further, or the deadline passes. A unit is first refined with tail-capped frontiers
-    (`units.refine_unit`, two units at a time); a wide replica class is then split
-    (`UnitPool.split`: tails costed for more pipelines); a single count is refined again with finer
-    tail levels (`units.REFINE_RATIOS`)."""
-    best = min(c.step_s for c in ctx.candidates)
-    while ctx.solved:
-        if deadline is not None and time.perf_counter() > deadline:
-            return
-        lowest = min(su.bound_s for su in ctx.solved)
-        if best <= (1 + target) * min(lowest, min(ctx.bounds, default=np.inf)):
-            return  # within the target
-        if min(ctx.bounds, default=np.inf) < lowest:
-            return  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
-        open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s) if best > (1 + target) * su.bound_s
-                      and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
-        if not open_units or open_units[0].bound_s > lowest:
-            return  # the lowest bound is tightened as far as it goes
-        low = open_units[0]
-        if low.ratio is not None and low.unit.lo < low.unit.hi:
-            pool.split(low)
-            ctx.explored["units_split"] += 1
-            continue
-        batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
-        pool.refine(batch, deadline, goal_s=best / (1 + target))
-        ctx.explored["units_refined"] += len(batch)
-
-
-POLISH_UNITS = 4  # lowest-bound units whose plans `_polish` re-solves
-POLISH_TAIL_SHARE = 0.05  # ... also when the best plan's tail is at least this share of its step
-
-
-def _polish(ctx: UnitContext, target: float, deadline: float | None, always: bool = False) -> None:
-    """When refinement leaves the gap above `target`, or the best plan's tail (exposed gradient
-    sync and optimizer step) is a large share of its step, re-solve the plans of the lowest-bound
-    units that could still hold a faster plan with tail-capped plan templates
-    (`units.polish_unit`), in the parent, in bound order (so the answer does not depend on
-    `workers`). Tail-blind options cost most where tails weigh most: on 40 random small pools the
-    plans left up to 0.7 % behind the best Megatron grid all had tails of 6-15 % of the step; the
-    ladder's and the bench's plans have 0.2-3.7 %. `always`: whatever the gap and the tails."""
-    top = min(ctx.candidates, key=lambda c: c.step_s)
-    best = top.step_s
-    lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
-    if not always and best <= (1 + target) * lowest and top.prediction.tail_s < POLISH_TAIL_SHARE * best:
-        return
-    for su in sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS]:
-        best = min(c.step_s for c in ctx.candidates)
-        if su.bound_s >= best / (1 + 1e-3):
-            break
-        polish_unit(su, ctx, best, deadline)
-        ctx.explored["units_polished"] += 1
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,

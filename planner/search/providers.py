@@ -70,6 +70,16 @@ class _Proto(NamedTuple):
     full_options: tuple[int, ...]  # indices into the unpruned shape lists
 
 
+class _Part(NamedTuple):
+    """The split frontiers of one part of a microbatch size's rows (`BlocksProvider._proto_rows`)."""
+
+    found: dict[tuple, list[_Proto]]  # uniform rows' protos, by row
+    general: list[_Proto]  # the general DP's skeletons' protos (part 0 only)
+    truncated: bool  # the deadline left a general-DP skeleton without any split
+    screens: dict[tuple, _Proto]  # bound-only protos of the cut rows, by row (`_screens_of`)
+    cut_short: bool  # the deadline cut the batched sweep short
+
+
 class BlocksProvider(TailLevels, TailPlans):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
@@ -87,6 +97,7 @@ class BlocksProvider(TailLevels, TailPlans):
         # the deadline left some skeleton (of the general DP) without any split: no bound from
         # here (rows of the batched sweep it cuts short keep a bound, `_screens_of`)
         self.truncated = False
+        self.cut_short = False  # the deadline cut some frontier short: plans from here are poorer
         r_all = max(1, sum(avail))
         self._r_lb = 1 if training.zero == 0 else r_all
         self._full: dict[int, dict[BlockType, StageOptions]] = {}
@@ -225,34 +236,35 @@ class BlocksProvider(TailLevels, TailPlans):
             self._full[r_mem] = self._options(1, r_mem)
         return self._full[r_mem]
 
-    def _assemble(self, parts: list[tuple]) -> list[_Proto]:
+    def _assemble(self, parts: list[_Part]) -> list[_Proto]:
         """Protos of every part (`_proto_rows`) in one fixed order (homogeneous rows, two-run
         rows, then the general-DP skeletons), whatever the parts were."""
         rows: dict[tuple, list[_Proto]] = {}
-        for found, _, truncated, _ in parts:
-            rows.update(found)
-            self.truncated = self.truncated or truncated
+        for part in parts:
+            rows.update(part.found)
+            self.truncated = self.truncated or part.truncated
+            self.cut_short = self.cut_short or part.cut_short
         out: list[_Proto] = []
         for group_rows in self.rows.values():
             for row in group_rows:
                 out.extend(rows.get(row, ()))
-        for _, general, _, _ in parts:
-            out.extend(general)
+        for part in parts:
+            out.extend(part.general)
         self.stats.templates += len(out)
         return out
 
-    def _screens(self, parts: list[tuple]) -> list[_Proto]:
+    def _screens(self, parts: list[_Part]) -> list[_Proto]:
         """The bound-only protos of every part (`_screens_of`), in row order."""
         screens: dict[tuple, _Proto] = {}
         for part in parts:
-            screens.update(part[3])
+            screens.update(part.screens)
         if not screens:
             return []
         return [screens[row] for group_rows in self.rows.values() for row in group_rows if row in screens]
 
-    def _proto_rows(self, r_mem: int, part: int, parts: int) -> tuple[dict, list[_Proto], bool]:
+    def _proto_rows(self, r_mem: int, part: int, parts: int) -> _Part:
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
-        those of the skeletons the general DP solves; and whether the deadline cut them short."""
+        those of the skeletons the general DP solves; and what the deadline cut short."""
         full = self._full_options(r_mem)
         used = list(dict.fromkeys(bt for g in self.rows for bt in g))
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
@@ -284,7 +296,7 @@ class BlocksProvider(TailLevels, TailPlans):
             for split in split_frontier([opts[bt] for bt in sk], with_tail=False):
                 idx = tuple(keep[bt][o] for bt, o in zip(sk, split.options))
                 general.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
-        return out, general, truncated, screens
+        return _Part(out, general, truncated, screens, budget.hit)
 
     @staticmethod
     def _screens_of(views: dict, cut: list[Row], found: dict[tuple, list[_Proto]]) -> dict[Row, _Proto]:

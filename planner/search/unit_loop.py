@@ -1,0 +1,120 @@
+"""The large-pool phases of `search`, after the split frontiers: units solved best-first by their
+cheap bounds (`best_first`), the lowest bounds tightened toward the gap target (`refine`), and the
+best units' plans re-solved with tail-capped stage options (`polish`). All of them take units from
+one `UnitPool` and add to one `UnitContext`; none depends on how many workers the pool has."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from planner.search.parallel import UNIT_BATCH, UnitPool
+from planner.search.units import Unit, UnitContext, polish_unit, skip_units
+
+Progress = Callable[[float, str], None]
+
+
+def best_first(pool: UnitPool, ctx: UnitContext, start: float, time_limit: float | None,
+               progress: Progress | None) -> bool:
+    """Solve the pool's units best-first: each unit's least pipeline time with no tails (one LP per
+    bisection step) bounds every plan in it, and units are solved in that order, `UNIT_BATCH` at a
+    time, until none can beat the best plan found; units of cut-short sizes only after all others.
+    True if the time limit cut it short."""
+    cheap_of = pool.cheap_bounds()
+    # units of microbatch sizes whose frontiers a deadline cut short go after all others: their
+    # screens make their cheap bounds low, but their plans come from few splits
+    tiers: dict[bool, list] = {}
+    for i, u in enumerate(pool.units):
+        tiers.setdefault(bool(getattr(u.provider, "cut_short", False)), []).append((cheap_of[i], i, u))
+    timed_out = False
+    done = 0
+    for _, members in sorted(tiers.items()):  # past the time limit, a later tier is only bounded
+        keyed = sorted(members, key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
+        timed_out = _best_first_tier(pool, ctx, keyed, start, time_limit, progress, done, len(cheap_of)) or timed_out
+        done += len(keyed)
+    return timed_out
+
+
+def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float, time_limit: float | None,
+                     progress: Progress | None, done: int, total: int) -> bool:
+    """`best_first` on units sorted by cheap bound, `done` of `total` units taken before them;
+    True if the time limit cut it short."""
+    overhead = ctx.cost.knobs.step_overhead_s
+    timed_out = False
+    k = 0
+    while k < len(keyed):
+        incumbent = min((c.step_s for c in ctx.candidates), default=None)
+        if time_limit is not None and time.perf_counter() - start > time_limit and ctx.candidates:
+            skip_units(keyed[k:], overhead, ctx)
+            return True
+        batch: list[Unit] = []
+        while k < len(keyed) and len(batch) < UNIT_BATCH:
+            cheap, _, u = keyed[k]
+            if cheap is not None and incumbent is not None and cheap + overhead >= incumbent / (1 + 1e-3):
+                break  # this and every later unit cannot beat the best plan: only bounded
+            k += 1
+            if cheap is not None:
+                batch.append(u)
+        if not batch:
+            skip_units(keyed[k:], overhead, ctx)
+            break
+        if progress:
+            progress((done + k) / total, f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
+        timed_out = pool.solve(batch) or timed_out
+    return timed_out
+
+
+def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> None:
+    """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
+    tightened further, or the deadline passes. A unit is first refined with tail-capped frontiers
+    (`units.refine_unit`, two units at a time); a wide replica class is then split
+    (`UnitPool.split`: tails costed for more pipelines); a single count is refined again with finer
+    tail levels (`units.REFINE_RATIOS`)."""
+    best = min(c.step_s for c in ctx.candidates)
+    while ctx.solved:
+        if deadline is not None and time.perf_counter() > deadline:
+            return
+        lowest = min(su.bound_s for su in ctx.solved)
+        if best <= (1 + target) * min(lowest, min(ctx.bounds, default=np.inf)):
+            return  # within the target
+        if min(ctx.bounds, default=np.inf) < lowest:
+            return  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
+        open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s) if best > (1 + target) * su.bound_s
+                      and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
+        if not open_units or open_units[0].bound_s > lowest:
+            return  # the lowest bound is tightened as far as it goes
+        low = open_units[0]
+        if low.ratio is not None and low.unit.lo < low.unit.hi:
+            pool.split(low)
+            ctx.explored["units_split"] += 1
+            continue
+        batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
+        pool.refine(batch, deadline, goal_s=best / (1 + target))
+        ctx.explored["units_refined"] += len(batch)
+
+
+POLISH_UNITS = 4  # lowest-bound units whose plans `polish` re-solves
+POLISH_TAIL_SHARE = 0.05  # ... also when the best plan's tail is at least this share of its step
+
+
+def polish(ctx: UnitContext, target: float, deadline: float | None, always: bool = False) -> None:
+    """When refinement leaves the gap above `target`, or the best plan's tail (exposed gradient
+    sync and optimizer step) is a large share of its step, re-solve the plans of the lowest-bound
+    units that could still hold a faster plan with tail-capped plan templates
+    (`units.polish_unit`), in the parent, in bound order (so the answer does not depend on
+    `workers`). Tail-blind options cost most where tails weigh most: on 40 random small pools the
+    plans left up to 0.7 % behind the best Megatron grid all had tails of 6-15 % of the step; the
+    ladder's and the bench's plans have 0.2-3.7 %. `always`: whatever the gap and the tails."""
+    top = min(ctx.candidates, key=lambda c: c.step_s)
+    best = top.step_s
+    lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
+    if not always and best <= (1 + target) * lowest and top.prediction.tail_s < POLISH_TAIL_SHARE * best:
+        return
+    for su in sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS]:
+        best = min(c.step_s for c in ctx.candidates)
+        if su.bound_s >= best / (1 + 1e-3):
+            break
+        polish_unit(su, ctx, best, deadline)
+        ctx.explored["units_polished"] += 1
