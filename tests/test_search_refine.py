@@ -302,3 +302,26 @@ def test_units_of_cut_short_sizes_are_solved_after_the_others() -> None:
     overhead = COST.knobs.step_overhead_s
     assert order == [units[1], units[3], units[0], units[2]]  # whole size first, each tier by bound
     assert ctx.bounds == [9.0 + overhead]  # cannot beat 5 s: bounded, never solved
+
+
+def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
+    """`refine` and `polish` say when the deadline, not the gap target, stopped them, so the search
+    reports `timed_out` (a 64-GPU ladder search with a 4 s limit ended at gap 2.49 % but said it had
+    not timed out)."""
+    from types import SimpleNamespace
+
+    from planner.search.unit_loop import polish, refine
+    from planner.search.units import Candidate, SolvedUnit, Unit, UnitContext
+    from solvers.assign import SolverStats
+
+    def context(plan_s: float) -> UnitContext:
+        ctx = UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, resource_classes(BIG_CLUSTER), COST, (8,), [], [],
+                          set(), SolverStats(), {"assignments": 0, "units_polished": 0})
+        ctx.candidates.append(Candidate(plan_s, None, SimpleNamespace(tail_s=0.0), 1))
+        ctx.solved.append(SolvedUnit(1.0, Unit(1, object(), 1, 1, 8), []))
+        return ctx
+
+    assert refine(context(2.0), 0.015, 0.0, pool=None) is True  # gap 100 %, deadline passed
+    assert refine(context(1.01), 0.015, 0.0, pool=None) is False  # within the target: nothing was cut
+    assert polish(context(2.0), 0.015, 0.0) is True
+    assert polish(context(1.01), 0.015, 0.0) is False  # nothing to polish: within target, no tails

@@ -278,9 +278,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
             deadline = None if time_limit is None else start + time_limit
             if candidates and refine_gap is not None:
-                refine(ctx, refine_gap, deadline, pool)
+                timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
             if candidates and (polish == "always" or (polish == "auto" and refine_gap is not None)):
-                polish_phase(ctx, refine_gap or 0.0, deadline, polish == "always")
+                timed_out = polish_phase(ctx, refine_gap or 0.0, deadline, polish == "always") or timed_out
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons

@@ -66,25 +66,25 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
     return timed_out
 
 
-def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> None:
+def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> bool:
     """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
-    tightened further, or the deadline passes. A unit is first refined with tail-capped frontiers
-    (`units.refine_unit`, two units at a time); a wide replica class is then split
-    (`UnitPool.split`: tails costed for more pipelines); a single count is refined again with finer
-    tail levels (`units.REFINE_RATIOS`)."""
+    tightened further, or the deadline passes (then True: the time limit left the gap where it
+    is). A unit is first refined with tail-capped frontiers (`units.refine_unit`, two units at a
+    time); a wide replica class is then split (`UnitPool.split`: tails costed for more pipelines);
+    a single count is refined again with finer tail levels (`units.REFINE_RATIOS`)."""
     best = min(c.step_s for c in ctx.candidates)
     while ctx.solved:
-        if deadline is not None and time.perf_counter() > deadline:
-            return
         lowest = min(su.bound_s for su in ctx.solved)
         if best <= (1 + target) * min(lowest, min(ctx.bounds, default=np.inf)):
-            return  # within the target
+            return False  # within the target
+        if deadline is not None and time.perf_counter() > deadline:
+            return True
         if min(ctx.bounds, default=np.inf) < lowest:
-            return  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
+            return False  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
         open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s) if best > (1 + target) * su.bound_s
                       and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
         if not open_units or open_units[0].bound_s > lowest:
-            return  # the lowest bound is tightened as far as it goes
+            return False  # the lowest bound is tightened as far as it goes
         low = open_units[0]
         if low.ratio is not None and low.unit.lo < low.unit.hi:
             pool.split(low)
@@ -93,28 +93,33 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
         batch = [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi][:UNIT_BATCH]
         pool.refine(batch, deadline, goal_s=best / (1 + target))
         ctx.explored["units_refined"] += len(batch)
+    return False
 
 
 POLISH_UNITS = 4  # lowest-bound units whose plans `polish` re-solves
 POLISH_TAIL_SHARE = 0.05  # ... also when the best plan's tail is at least this share of its step
 
 
-def polish(ctx: UnitContext, target: float, deadline: float | None, always: bool = False) -> None:
+def polish(ctx: UnitContext, target: float, deadline: float | None, always: bool = False) -> bool:
     """When refinement leaves the gap above `target`, or the best plan's tail (exposed gradient
     sync and optimizer step) is a large share of its step, re-solve the plans of the lowest-bound
     units that could still hold a faster plan with tail-capped plan templates
     (`units.polish_unit`), in the parent, in bound order (so the answer does not depend on
     `workers`). Tail-blind options cost most where tails weigh most: on 40 random small pools the
     plans left up to 0.7 % behind the best Megatron grid all had tails of 6-15 % of the step; the
-    ladder's and the bench's plans have 0.2-3.7 %. `always`: whatever the gap and the tails."""
+    ladder's and the bench's plans have 0.2-3.7 %. `always`: whatever the gap and the tails. True
+    if the deadline stopped it before every such unit was polished."""
     top = min(ctx.candidates, key=lambda c: c.step_s)
     best = top.step_s
     lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
     if not always and best <= (1 + target) * lowest and top.prediction.tail_s < POLISH_TAIL_SHARE * best:
-        return
+        return False
     for su in sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS]:
         best = min(c.step_s for c in ctx.candidates)
         if su.bound_s >= best / (1 + 1e-3):
             break
+        if deadline is not None and time.perf_counter() > deadline:
+            return True
         polish_unit(su, ctx, best, deadline)
         ctx.explored["units_polished"] += 1
+    return False
