@@ -121,3 +121,20 @@ def test_refine_gap_and_workers_reach_the_search(capsys: pytest.CaptureFixture[s
     assert tight["plan"]["predicted"]["step_s"] <= loose["plan"]["predicted"]["step_s"]
     assert tight["search"]["lower_bound_s"] > loose["search"]["lower_bound_s"]
     assert run(capsys, *base, "--refine-gap", "0", "--workers", "2")[1] == out
+
+
+def test_the_table_view_says_when_a_pipeline_lies_outside_the_bounds_coverage(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """On the design's 28-GPU example the best plan's pipelines are A100 -> V100 -> H100 (three
+    runs of stage groups), outside the blocks<=2 space its bound covers; the human view says so,
+    as the JSON explanation does (it printed only the bottleneck and idle lines)."""
+    args = ["plan", str(REPO / "examples" / "mixed.yaml"), "--model", "llama2-13b", "--global-batch", "64",
+            "--micro-batches", "1"]
+    code, out, err = run(capsys, *args, "--json")
+    assert code == 0, err
+    lines = [x for x in json.loads(out)["search"]["explanation"] if "runs of stage groups" in x]
+    assert lines
+    code, out, err = run(capsys, *args)
+    assert code == 0 and out == ""
+    assert err.count("runs of stage groups") == len(lines)
+    assert "memory headroom" not in err  # that is in the stage table

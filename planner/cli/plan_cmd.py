@@ -180,7 +180,7 @@ def plan_command(
               right=["pipe", "stage", "m", "F ms", "B ms", "sync ms", "mem GiB / cap"]),
     )
     for line in result.explanation:
-        if line.startswith("idle") or line.startswith("bottleneck"):
+        if "memory headroom" not in line:  # headroom is in the stage table
             show(line)
     if written:
         show(f"wrote {written}")
