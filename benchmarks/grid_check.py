@@ -5,8 +5,11 @@
 Draws pools of one to three of seven GPU types (1-2 nodes of 1, 2 or 4 GPUs each), OPT-350M or
 GPT-Neo-2.7B, global batch 8-64 and sequence 512-2048; searches each with the defaults and prints
 every pool where the plan is slower than the best Megatron grid (`benchmarks.baselines`), over the
-whole pool or one GPU type. `--polish never` turns the plan polish off (`planner.search.unit_loop.polish`)
-to show what it fixes. Draws that fit nowhere are skipped.
+whole pool or one GPU type. The search adds the best Megatron grid as a candidate
+(`api._add_megatron_grid`), so none should be; the pools where that candidate was the answer's
+source (the units' own plans trailed it) are counted and printed. `--polish never` turns the plan
+polish off (`planner.search.unit_loop.polish`) to show what it fixes. Draws that fit nowhere are
+skipped.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     cost = AnalyticCostModel()
     rng = random.Random(args.seed)
-    searched, slower, worst = 0, 0, 0.0
+    searched, slower, worst, from_grid = 0, 0, 0.0, 0
     for _ in range(args.count):
         nodes = [NodeGroup(gpu=g, nodes=rng.randint(1, 2), gpus_per_node=rng.choice([1, 2, 4]))
                  for g in rng.sample(GPUS, rng.randint(1, 3))]
@@ -50,6 +53,11 @@ def main() -> None:
         except HetplanError:
             continue
         searched += 1
+        pool = " + ".join(f"{n.nodes}x{n.gpus_per_node} {n.gpu}" for n in nodes)
+        if result.stats.get("megatron_grid_added"):
+            from_grid += 1
+            print(f"grid candidate added: {model.name}, {pool}, global batch {training.global_batch}, "
+                  f"seq {training.seq_len}")
         grids = [best_uniform_plan(model, cluster, training, cost, single_type=w) for w in (None, "each")]
         best_grid = min((g[1].step_s for g in grids if g is not None), default=None)
         if best_grid is None or result.prediction.step_s <= best_grid * (1 + 1e-9):
@@ -57,10 +65,10 @@ def main() -> None:
         slower += 1
         pct = 100 * (result.prediction.step_s / best_grid - 1)
         worst = max(worst, pct)
-        pool = " + ".join(f"{n.nodes}x{n.gpus_per_node} {n.gpu}" for n in nodes)
         print(f"slower by {pct:.3f} %: {model.name}, {pool}, global batch {training.global_batch}, "
               f"seq {training.seq_len} (gap {100 * result.gap:.2f} %, {result.coverage})")
-    print(f"{searched} pools searched, {slower} slower than the best Megatron grid (worst {worst:.3f} %)")
+    print(f"{searched} pools searched, {slower} slower than the best Megatron grid (worst {worst:.3f} %), "
+          f"{from_grid} with the grid candidate added")
 
 
 if __name__ == "__main__":

@@ -168,8 +168,10 @@ def test_run_counts_and_mixed_lengths_match_the_listed_skeletons(seed: int) -> N
 
 def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     """On the 8-GPU ladder pool (4 A100, 2 H100, 2 V100; Llama-2 13B) one V100 -> A100 -> H100
-    pipeline is about 5 % faster than any plan of two-run pipelines: the search finds it (as fast
-    as the FlagScale chain search, within the LP's 0.1 % tolerance) and says so in its coverage."""
+    pipeline is about 5 % faster than any plan of two-run pipelines (53.95 s): the search finds it
+    (as fast as the FlagScale chain search, within the LP's 0.1 % tolerance) and says so in its
+    coverage. The two-run search's answer is the best Megatron grid (52.56 s, an A100 -> H100 ->
+    V100 pipeline it adds as a candidate, outside its coverage), still 2.4 % slower."""
     from benchmarks.search_scale import ladder_cluster
     from planner.search import search
     from planner.specs.models import get_model
@@ -180,7 +182,8 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     three = search(model, cluster, training, cost=COST)
     chain = search(model, cluster, training, cost=COST, target="flagscale")
     assert three.coverage == "blocks<=3" and two.coverage == "blocks<=2"
-    assert three.prediction.step_s < two.prediction.step_s * 0.97
+    assert three.prediction.step_s < two.prediction.step_s * 0.985
+    assert two.gap == 0 and any("runs of stage groups" in line for line in two.explanation)
     assert three.prediction.step_s <= chain.prediction.step_s * 1.002
     assert three.lower_bound_s <= chain.prediction.step_s
     gpus = [[s.gpu for s in p.stages] for p in three.plan.pipelines]

@@ -218,7 +218,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     timed_out = False
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
-                "units_split": 0, "units_polished": 0}
+                "units_split": 0, "units_polished": 0, "megatron_grid_added": 0}
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
@@ -277,6 +277,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
             deadline = None if time_limit is None else start + time_limit
+            if candidates and (deadline is None or time.perf_counter() < deadline):
+                _add_megatron_grid(ctx, sizes)
             if candidates and refine_gap is not None:
                 timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
             if candidates and (polish == "always" or (polish == "auto" and refine_gap is not None)):
@@ -316,6 +318,23 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
+
+
+def _add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
+    """Add the best Megatron grid as a candidate when it beats the best plan found: its space is
+    not inside the blocks coverage's (its pipelines may run through several GPU types in file
+    order), and the plan LP stops within 0.1 % of its bound, which let plans trail a grid by up
+    to 0.05 % on random small pools (`benchmarks/grid_check.py --seed 6`). With the best step as a
+    cutoff every grid is pruned by bounds alone unless it can win: 0.04-0.12 s up to 64 GPUs,
+    0.5 s at 1,024, 0.8 s at 16,384 on the ladder pools."""
+    from planner.search.megatron_grid import best_megatron_plan
+
+    best = min(c.step_s for c in ctx.candidates)
+    found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best)
+    if found is not None:
+        plan, pred = found
+        ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
+    ctx.explored["megatron_grid_added"] = int(found is not None)
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,

@@ -145,13 +145,14 @@ def _least_bottleneck(per_type: tuple[tuple[str, int], ...], cost: dict[str, flo
 
 
 def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid: Grid, placement: tuple,
-                work: dict) -> float:
+                work: dict, cutoff_s: float = math.inf) -> float:
     """A step-time bound that needs no DP, from per-layer F+B by (device, shard) (`work`, shared
     across grids). A split's A is at least the sum over layers of the cheapest F+B any of the
     grid's GPU types has for that layer (receives only add). Its C, the largest stage F+B, is at
     least A / pp, and at least the least C at which the stages, holding whole decoder layers each
     costing at least its type's cheapest decoder layer, hold all of them (`_least_bottleneck`). A
-    pipeline takes at least A + (m - 1)·C."""
+    pipeline takes at least A + (m - 1)·C. When the A / pp term alone reaches `cutoff_s`, that
+    weaker bound is returned (the grid is pruned either way)."""
     _, tp, cp, pp, b, recompute = grid
     _, _, m, devs, per_type = placement
     key = (tuple(dev.key for dev in devs), tp, cp, b, recompute)
@@ -163,6 +164,9 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
         a_low = float(np.minimum.reduce(list(per_dev.values())).sum())
         work[key] = (a_low, {k: float(np.min(w[1:-1])) if len(w) > 2 else 0.0 for k, w in per_dev.items()}, {})
     a_low, per_decoder, c_of = work[key]
+    weak = (a_low + (m - 1) * a_low / pp + cost.knobs.step_overhead_s) * (1 - 1e-9)
+    if weak >= cutoff_s:
+        return weak
     if per_type not in c_of:
         c_of[per_type] = _least_bottleneck(per_type, per_decoder, model.num_layer_slots - 2)
     c_low = max(a_low / pp, c_of[per_type])
@@ -253,9 +257,10 @@ def every_grid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, m
 
 
 def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-                       micro_batches: list[int]) -> tuple[Plan, Prediction] | None:
+                       micro_batches: list[int], cutoff_s: float = math.inf) -> tuple[Plan, Prediction] | None:
     """The fastest Megatron-expressible plan (see module docstring), or None if none fits; of
     equally fast ones, the first grid in the order (nodes, tp, cp, pp, microbatch size, recompute).
+    With `cutoff_s` (a step some other plan reaches), only a plan at least that fast, else None.
 
     Grids are taken in order of a bound that needs no DP (`_work_bound`); each is then bounded by
     its layout's DPs (`_layout`) and only then solved. A grid is skipped once a bound shows it
@@ -271,9 +276,9 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     for i, grid in enumerate(grids):
         placement = _placement(training, cluster, grid, placed, gpus_upto)
         if placement is not None:
-            ranked.append((_work_bound(model, training, cost, grid, placement, work), i, grid, placement))
+            ranked.append((_work_bound(model, training, cost, grid, placement, work, cutoff_s), i, grid, placement))
     best: tuple[Plan, Prediction] | None = None
-    best_at = (math.inf, len(grids))  # (step, place in the order) of the best so far
+    best_at = (cutoff_s, len(grids))  # (step, place in the order) of the best so far
     for cheap, i, grid, placement in sorted(ranked, key=lambda x: (x[0], x[1])):
         if cheap > best_at[0]:
             break  # this and every later grid is slower than the best
