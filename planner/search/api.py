@@ -277,12 +277,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
             deadline = None if time_limit is None else start + time_limit
-            if candidates and (deadline is None or time.perf_counter() < deadline):
-                _add_megatron_grid(ctx, sizes)
             if candidates and refine_gap is not None:
                 timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
             if candidates and (polish == "always" or (polish == "auto" and refine_gap is not None)):
                 timed_out = polish_phase(ctx, refine_gap or 0.0, deadline, polish == "always") or timed_out
+        # last, so it can only replace the answer, never change what refinement and polish do
+        if candidates and (time_limit is None or time.perf_counter() - start < time_limit):
+            _add_megatron_grid(ctx, sizes)
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -331,10 +332,10 @@ def _add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
 
     best = min(c.step_s for c in ctx.candidates)
     found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best)
-    if found is not None:
+    if found is not None and found[1].step_s < best:  # a tie adds nothing
         plan, pred = found
         ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
-    ctx.explored["megatron_grid_added"] = int(found is not None)
+        ctx.explored["megatron_grid_added"] = 1
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
