@@ -322,12 +322,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 
 
 def _add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
-    """Add the best Megatron grid as a candidate when it beats the best plan found: its space is
-    not inside the blocks coverage's (its pipelines may run through several GPU types in file
-    order), and the plan LP stops within 0.1 % of its bound, which let plans trail a grid by up
-    to 0.05 % on random small pools (`benchmarks/grid_check.py --seed 6`). With the best step as a
-    cutoff every grid is pruned by bounds alone unless it can win: 0.04-0.12 s up to 64 GPUs,
-    0.5 s at 1,024, 0.8 s at 16,384 on the ladder pools."""
+    """Add the best Megatron grid as a candidate when it beats the best plan found, so the answer
+    is never slower than any grid: the grids' space is not inside the blocks coverage's (their
+    pipelines may run through several GPU types in file order), and the plan LP stops within 0.1 %
+    of its bound, which let plans trail a grid by up to 0.05 % on random small pools
+    (`benchmarks/grid_check.py --seed 6`). With the best step as a cutoff every grid is pruned by
+    bounds alone unless it can win: 0.04-0.12 s up to 64 GPUs, 0.4 s at 1,024 and 0.5 s at 16,384
+    on the ladder pools. Run last, it can only replace the answer of refinement and the polish."""
     from planner.search.megatron_grid import best_megatron_plan
 
     best = min(c.step_s for c in ctx.candidates)

@@ -173,6 +173,21 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
     return (a_low + (m - 1) * c_low + cost.knobs.step_overhead_s) * (1 - 1e-9)
 
 
+def _pool_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid: Grid, gpus_upto: list[int],
+                devs: list, low: dict) -> float:
+    """`_work_bound`'s weaker part before any placement: A at least the sum over layers of the
+    cheapest F+B any GPU type of the pool has, C at least A / pp (`low`: A by shard, shared)."""
+    n_nodes, tp, cp, pp, b, recompute = grid
+    key = (tp, cp, b, recompute)
+    if key not in low:
+        shard = Shard(tp, cp, 1, b, recompute, training.seq_len)
+        per_dev = [cost.layer_table(dev, shard, model, training) for dev in devs]
+        low[key] = float(np.minimum.reduce([t.fwd_s + t.bwd_s for t in per_dev]).sum())
+    m = training.global_batch // (b * (gpus_upto[n_nodes] // (tp * cp * pp)))
+    a_low = low[key]
+    return (a_low + (m - 1) * a_low / pp + cost.knobs.step_overhead_s) * (1 - 1e-9)
+
+
 def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
             placement: tuple, options: dict) -> _Layout | None:
     """The grid's layout on its `placement`, or None when no split fits memory. Bound: A_min, C_min
@@ -272,8 +287,12 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     work: dict = {}
     options: dict = {}
     gpus_upto = prefix_gpus(cluster)
+    pool_low: dict = {}
+    devs = list({dev.key: dev for dev in map(device_class_of, cluster.nodes)}.values())
     ranked = []
     for i, grid in enumerate(grids):
+        if cutoff_s < math.inf and _pool_bound(model, training, cost, grid, gpus_upto, devs, pool_low) > cutoff_s:
+            continue  # not even the pool's fastest GPU type on every layer reaches the cutoff
         placement = _placement(training, cluster, grid, placed, gpus_upto)
         if placement is not None:
             ranked.append((_work_bound(model, training, cost, grid, placement, work, cutoff_s), i, grid, placement))
