@@ -138,12 +138,17 @@ class BlocksProvider(TailLevels, TailPlans):
         """The bound's protos: the plan protos (or, with ZeRO, those with memory for every
         replica), and a bound-only proto (no ranges) per row a deadline cut short (`_screens_of`)."""
         if self._lb_protos is None:
-            if self._r_lb == 1:
-                self._lb_protos = self._bounded(self.plan_protos + self._plan_screens)
-            else:
-                parts = [self._proto_rows(self._r_lb, 0, 1)]
-                self._lb_protos = self._bounded(self._assemble(parts) + self._screens(parts))
+            self._set_lb_protos(None if self._r_lb == 1 else [self._proto_rows(self._r_lb, 0, 1)])
         return self._lb_protos
+
+    def _set_lb_protos(self, parts: list[_Part] | None) -> None:
+        """The bound's protos from the plan protos (`parts` None) or from `parts` (with ZeRO: memory
+        for every replica), each with its screens; of at most `bound_blocks` runs."""
+        if parts is None:
+            plan = self.plan_protos  # computed first: it sets the screens too
+            self._lb_protos = self._bounded(plan + self._plan_screens)
+        else:
+            self._lb_protos = self._bounded(self._assemble(parts) + self._screens(parts))
 
     def _bounded(self, protos: list[_Proto]) -> list[_Proto]:
         """The protos the bound covers: of at most `bound_blocks` runs."""
@@ -170,11 +175,7 @@ class BlocksProvider(TailLevels, TailPlans):
             self._uniform.update(uniform)
         plan_parts = [st[0] for st in states]
         self._plan_protos, self._plan_screens = self._assemble(plan_parts), self._screens(plan_parts)
-        if self._r_lb == 1:
-            self._lb_protos = self._bounded(self._plan_protos + self._plan_screens)
-        else:
-            parts = [st[1] for st in states]
-            self._lb_protos = self._bounded(self._assemble(parts) + self._screens(parts))
+        self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
         self._ac = {}
         self._plan_use = None
         self._plan_stages = {}
