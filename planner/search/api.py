@@ -181,6 +181,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     (`benchmarks/polish_check.py`), so "auto" runs it only where the gap or the tails say it is
     likely to pay.
 
+    Last, on the blocks coverage, the best Megatron grid is searched with the best plan as a
+    cutoff and taken if faster (`_add_megatron_grid`), so the answer is never slower than any grid
+    (on the exact coverage the grids are inside the exactly solved space).
+
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
     many (`parallel`); the batches do not depend on `workers`, so neither does the result.
