@@ -127,3 +127,4 @@ def test_the_full_search_is_never_slower_than_the_best_grid() -> None:
     uniform = best_uniform_plan(model, cluster, training, COST)
     assert result.prediction.step_s <= grid[1].step_s <= uniform[1].step_s
     assert result.lower_bound_s <= result.prediction.step_s
+    assert result.stats["megatron_grid_added"] == 1 and 0 < result.stats["megatron_grid_s"] < result.stats["search_s"]

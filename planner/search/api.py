@@ -220,6 +220,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     bounds: list[float] = []
     coverages: set[str] = set()
     timed_out = False
+    grid_s = 0.0  # seconds spent on the Megatron-grid candidate
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
                 "units_split": 0, "units_polished": 0, "megatron_grid_added": 0}
@@ -287,7 +288,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 timed_out = polish_phase(ctx, refine_gap or 0.0, deadline, polish == "always") or timed_out
         # last, so it can only replace the answer, never change what refinement and polish do
         if candidates and (time_limit is None or time.perf_counter() - start < time_limit):
+            grid_start = time.perf_counter()
             _add_megatron_grid(ctx, sizes)
+            grid_s = time.perf_counter() - grid_start
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -321,7 +324,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
     explanation += _outside_coverage(plan, coverage)
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
-                 "plans_scored": len(candidates), "search_s": time.perf_counter() - start}
+                 "plans_scored": len(candidates), "megatron_grid_s": grid_s, "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
 
 
@@ -331,8 +334,9 @@ def _add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
     pipelines may run through several GPU types in file order), and the plan LP stops within 0.1 %
     of its bound, which let plans trail a grid by up to 0.05 % on random small pools
     (`benchmarks/grid_check.py --seed 6`). With the best step as a cutoff every grid is pruned by
-    bounds alone unless it can win: 0.04-0.12 s up to 64 GPUs, 0.4 s at 1,024 and 0.5 s at 16,384
-    on the ladder pools. Run last, it can only replace the answer of refinement and the polish."""
+    bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs, 0.4-0.5 s from 128 to 16,384 on the
+    ladder pools (stat `megatron_grid_s`). Run last, it can only replace the answer of refinement
+    and the polish."""
     from planner.search.megatron_grid import best_megatron_plan
 
     best = min(c.step_s for c in ctx.candidates)
