@@ -50,7 +50,7 @@ def write_plan_file(out: Path, text: str, force: bool) -> Path:
 
 def summary(result: SearchResult) -> dict[str, Any]:
     """The deterministic part of a search result (no wall-clock times)."""
-    stats = {k: v for k, v in result.stats.items() if k != "search_s"}
+    stats = result.counts()
     return {
         "lower_bound_s": result.lower_bound_s, "gap": result.gap, "coverage": result.coverage,
         "timed_out": result.timed_out, "idle_gpus": result.idle_gpus, "explanation": result.explanation,

@@ -45,6 +45,9 @@ from planner.specs.training import TrainingSpec
 from solvers.assign import SolverStats
 
 
+TIMING_STATS = ("search_s", "megatron_grid_s")  # wall-clock entries of `SearchResult.stats`
+
+
 @dataclass
 class SearchResult:
     plan: Plan
@@ -57,6 +60,10 @@ class SearchResult:
     explanation: list[str]
     stats: dict[str, float] = field(default_factory=dict)
     timed_out: bool = False
+
+    def counts(self) -> dict[str, float]:
+        """`stats` without the wall-clock times: the same for the same input."""
+        return {k: v for k, v in self.stats.items() if k not in TIMING_STATS}
 
 
 def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1,
