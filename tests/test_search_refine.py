@@ -169,16 +169,20 @@ def test_a_deadline_inside_the_frontiers_still_gives_a_real_plan(workers: int) -
     assert result.lower_bound_s > 1.03 * fluid
 
 
-def test_a_cut_frontier_keeps_a_valid_bound() -> None:
+@pytest.mark.parametrize("zero", [0, 1])
+def test_a_cut_frontier_keeps_a_valid_bound(zero: int) -> None:
     """A provider whose frontiers a deadline cut after the first round: plan protos are real
     splits, the bound protos add a screen per cut row, and every bound proto of the uncut provider
-    is dominated (A and C, same skeleton) by one of them; nothing is left to the fluid bound."""
+    is dominated (A and C, same skeleton) by one of them; nothing is left to the fluid bound. With
+    a distributed optimizer (zero 1) the bound protos have their own frontiers (memory for every
+    replica) and their own screens."""
+    training = BIG_TRAINING.model_copy(update={"zero": zero})
     classes = resource_classes(BIG_CLUSTER)
-    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
+    shapes = {rc.index: stage_shapes(BIG_MODEL, training, rc, 1) for rc in classes}
     avail = tuple(rc.gpus for rc in classes)
 
     def provider(deadline: float | None) -> BlocksProvider:
-        return BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+        return BlocksProvider(COST, BIG_MODEL, training, classes, block_types(shapes), avail, 1,
                               BIG_CLUSTER.single_node, deadline=deadline)
 
     cut, full = provider(0.0), provider(None)
