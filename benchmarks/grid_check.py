@@ -8,8 +8,8 @@ every pool where the plan is slower than the best Megatron grid (`benchmarks.bas
 whole pool or one GPU type. The search adds the best Megatron grid as a candidate
 (`api._add_megatron_grid`), so none should be; the pools where that candidate was the answer's
 source (the units' own plans trailed it) are counted and printed. `--polish never` turns the plan
-polish off (`planner.search.unit_loop.polish`) to show what it fixes. Draws that fit nowhere are
-skipped.
+polish off (`planner.search.unit_loop.polish`): what the polish fixes then shows as pools where
+the grid candidate was added. Draws that fit nowhere are skipped.
 """
 
 from __future__ import annotations

@@ -164,12 +164,18 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
         a_low = float(np.minimum.reduce(list(per_dev.values())).sum())
         work[key] = (a_low, {k: float(np.min(w[1:-1])) if len(w) > 2 else 0.0 for k, w in per_dev.items()}, {})
     a_low, per_decoder, c_of = work[key]
-    weak = (a_low + (m - 1) * a_low / pp + cost.knobs.step_overhead_s) * (1 - 1e-9)
+    weak = _step_bound(a_low, a_low / pp, m, cost)
     if weak >= cutoff_s:
         return weak
     if per_type not in c_of:
         c_of[per_type] = _least_bottleneck(per_type, per_decoder, model.num_layer_slots - 2)
     c_low = max(a_low / pp, c_of[per_type])
+    return _step_bound(a_low, c_low, m, cost)
+
+
+def _step_bound(a_low: float, c_low: float, m: int, cost: CostModel) -> float:
+    """Least step of a pipeline whose A and C are at least these, running m microbatches (tails
+    left out), a hair below so float noise never lifts it above the plan it bounds."""
     return (a_low + (m - 1) * c_low + cost.knobs.step_overhead_s) * (1 - 1e-9)
 
 
@@ -184,8 +190,7 @@ def _pool_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
         per_dev = [cost.layer_table(dev, shard, model, training) for dev in devs]
         low[key] = float(np.minimum.reduce([t.fwd_s + t.bwd_s for t in per_dev]).sum())
     m = training.global_batch // (b * (gpus_upto[n_nodes] // (tp * cp * pp)))
-    a_low = low[key]
-    return (a_low + (m - 1) * a_low / pp + cost.knobs.step_overhead_s) * (1 - 1e-9)
+    return _step_bound(low[key], low[key] / pp, m, cost)
 
 
 def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
