@@ -184,6 +184,10 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     assert three.coverage == "blocks<=3" and two.coverage == "blocks<=2"
     assert three.prediction.step_s < two.prediction.step_s * 0.985
     assert two.gap == 0 and any("runs of stage groups" in line for line in two.explanation)
+    # the two-run space's own bound stays reported (53.74 s), above the grid plan it is beaten by
+    assert two.coverage_bound_s > two.prediction.step_s == two.lower_bound_s
+    assert any(f"{two.coverage_bound_s:.4f} s, above this plan's step" in line for line in two.explanation)
+    assert three.coverage_bound_s == three.lower_bound_s
     assert three.prediction.step_s <= chain.prediction.step_s * 1.002
     assert three.lower_bound_s <= chain.prediction.step_s
     gpus = [[s.gpu for s in p.stages] for p in three.plan.pipelines]
@@ -194,6 +198,24 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     assert not any("runs of stage groups" in line for line in three.explanation)
     assert _outside_coverage(three.plan, "blocks<=3") == []
     assert len(_outside_coverage(three.plan, "blocks<=2")) == len(three.plan.pipelines) == 1
+
+
+def test_pipelines_longer_than_the_mixed_limit_lie_outside_the_coverage() -> None:
+    """Under blocks<=2,mixed<=K two-run pipelines of more than K stages are not in the bound's
+    space (a Megatron grid may hold one); homogeneous ones of any length are."""
+    from types import SimpleNamespace
+
+    from planner.search.api import _outside_coverage
+
+    def plan(*pipelines: list[tuple[str, int]]) -> SimpleNamespace:
+        return SimpleNamespace(pipelines=[SimpleNamespace(stages=[SimpleNamespace(gpu=g, num_gpus=n) for g, n in p])
+                                          for p in pipelines])
+
+    mixed = [("A100", 2)] * 3 + [("H100", 2)] * 2
+    assert _outside_coverage(plan(mixed), "blocks<=2,mixed<=5") == []
+    assert len(_outside_coverage(plan(mixed), "blocks<=2,mixed<=4")) == 1
+    assert _outside_coverage(plan([("A100", 2)] * 9), "blocks<=2,mixed<=4") == []
+    assert len(_outside_coverage(plan(mixed, mixed, [("A100", 1)] + mixed), "blocks<=2,mixed<=4")) == 3
 
 
 def test_capped_three_run_pipelines_are_plan_candidates_outside_the_bound() -> None:

@@ -53,11 +53,20 @@ def summary(result: SearchResult) -> dict[str, Any]:
     stats = result.counts()
     return {
         "lower_bound_s": result.lower_bound_s, "gap": result.gap, "coverage": result.coverage,
+        "coverage_bound_s": result.coverage_bound_s,
         "timed_out": result.timed_out, "idle_gpus": result.idle_gpus, "explanation": result.explanation,
         "explored": stats,
         "alternatives": [{"step_s": p.predicted.step_s if p.predicted else None, "micro_batch": p.micro_batch,
                           "pipelines": len(p.pipelines), "gpus": p.num_gpus} for p in result.alternatives],
     }
+
+
+def _beyond(result: SearchResult) -> str:
+    """', its bound X s' when the plan lies outside the coverage and beats that bound."""
+    covered = result.coverage_bound_s
+    if covered is None or covered <= result.lower_bound_s:
+        return ""
+    return f", its bound {covered:.4f} s (the plan lies outside it)"
 
 
 def _launch_files(result: SearchResult, cluster: ClusterSpec, target: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -169,7 +178,8 @@ def plan_command(
                        ("tokens/s", f"{pred.tokens_per_s:,.0f}"),
                        ("MFU", f"{100 * pred.mfu:.1f} %"),
                        ("bottleneck", pred.bottleneck),
-                       ("coverage", result.coverage + (" (time limit hit)" if result.timed_out else "")),
+                       ("coverage", result.coverage + (" (time limit hit)" if result.timed_out else "")
+                        + _beyond(result)),
                        ("search time", f"{result.stats.get('search_s', 0.0):.2f} s"),
                        ("cost sources", ", ".join(f"{g}: {s}" for g, s in pred.cost_sources.items())),
                    ]),

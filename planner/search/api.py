@@ -60,6 +60,9 @@ class SearchResult:
     explanation: list[str]
     stats: dict[str, float] = field(default_factory=dict)
     timed_out: bool = False
+    # the bound of the covered space alone; above `lower_bound_s` when a candidate from outside
+    # the coverage (a Megatron grid, a capped three-run pipeline) beats every plan in it
+    coverage_bound_s: float | None = None
 
     def counts(self) -> dict[str, float]:
         """`stats` without the wall-clock times: the same for the same input."""
@@ -311,8 +314,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     best = candidates[0]
     for b in sorted(unsolved_sizes):
         bounds.append(_fluid(cost, model, training, classes, b, cluster.allow_cross_node_tp))
-    lower = min(bounds) if bounds else 0.0
-    lower = min(lower, best.step_s)
+    covered = min(bounds) if bounds else 0.0
+    lower = min(covered, best.step_s)
     gap = best.step_s / lower - 1 if lower > 0 else float("inf")
     pred = best.prediction.model_copy(update={"lower_bound_s": lower, "gap": gap})
     plan = best.plan.model_copy(update={"predicted": pred})
@@ -330,9 +333,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     explanation = _explain(plan, pred, idle)
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
     explanation += _outside_coverage(plan, coverage)
+    if best.step_s < covered:
+        explanation.append(f"the lower bound of the covered space ({coverage}) is {covered:.4f} s, above this "
+                           "plan's step: the plan lies outside that space and beats every plan in it, so the "
+                           "gap is 0 against that space and this plan, not against plans outside it")
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "megatron_grid_s": grid_s, "search_s": time.perf_counter() - start}
-    return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out)
+    return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out,
+                        coverage_bound_s=covered if bounds else None)
 
 
 def _add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
@@ -398,11 +406,12 @@ def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:
 
 
 def _outside_coverage(plan: Plan, coverage: str) -> list[str]:
-    """A line per pipeline with more runs of stage groups than the bound's coverage (a three-run
-    plan candidate, `providers.BlocksProvider(bound_blocks=...)`): the bound does not cover it."""
+    """A line per pipeline the bound's coverage does not hold: more runs of stage groups than it
+    has (a three-run plan candidate, `providers.BlocksProvider(bound_blocks=...)`, or a Megatron
+    grid), or two runs in more stages than its `mixed<=K` (a grid)."""
     if coverage == "exact":
         return []
-    blocks = coverage_rank(coverage)[0]
+    blocks, mixed = coverage_rank(coverage)
     out = []
     for k, pipe in enumerate(plan.pipelines):
         groups = [(s.gpu, s.num_gpus) for s in pipe.stages]
@@ -411,6 +420,10 @@ def _outside_coverage(plan: Plan, coverage: str) -> list[str]:
             out.append(f"pipeline {k} has {runs} runs of stage groups, more than the lower bound's coverage "
                        f"({coverage}) holds: the bound is for plans of that space, this one is a candidate "
                        "from outside it")
+        elif runs == 2 and len(groups) > mixed:
+            out.append(f"pipeline {k} mixes stage groups over {len(groups)} stages, more than the lower "
+                       f"bound's coverage ({coverage}) holds: the bound is for plans of that space, this one "
+                       "is a candidate from outside it")
     return out
 
 
