@@ -69,6 +69,7 @@ def test_out_directory_is_not_overwritten_without_force(tmp_path: Path, capsys: 
     (["--solver", "gurobi"], "solver"),
     (["--micro-batches", "3"], "global_batch"),
     (["--polish", "sometimes"], "polish"),
+    (["--chains", "sometimes"], "chains"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(args: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["plan", CLUSTER, "--model", "tiny", "--global-batch", "8"]

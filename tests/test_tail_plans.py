@@ -23,11 +23,12 @@ TRAINING = TrainingSpec(global_batch=8, seq_len=1024)
 
 @pytest.fixture
 def no_grid_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The search without its Megatron-grid candidate (`api._add_megatron_grid`), which finds the
-    plans of these pools on its own: what the polish does, alone."""
+    """The search without its Megatron-grid and mesh-chain candidates (`planner.search.candidates`),
+    which find the plans of these pools on their own: what the polish does, alone."""
     import planner.search.api as api
 
-    monkeypatch.setattr(api, "_add_megatron_grid", lambda ctx, sizes: None)
+    monkeypatch.setattr(api, "add_megatron_grid", lambda ctx, sizes: None)
+    monkeypatch.setattr(api, "add_chain_candidate", lambda ctx, sizes: None)
 
 
 def test_polish_finds_the_plan_tail_blind_options_miss(no_grid_candidate: None) -> None:
@@ -117,3 +118,50 @@ def test_polish_always_never_slower_and_never_skips_it(no_grid_candidate: None) 
     assert never.prediction.step_s > polished.prediction.step_s * 1.03  # without the grid candidate
     with pytest.raises(HetplanError, match="polish"):
         search(MODEL, CLUSTER, TRAINING, cost=COST, polish="sometimes")
+
+
+def test_tail_caps_cover_every_option_tail_within_the_ratio() -> None:
+    """`_levels`: ascending, the top cap is `hi`, every lower cap is the tail of a usable option,
+    and every usable option tail v in [lo, hi] has a cap in [v, ratio·v] (so a split whose largest
+    tail is v is dominated in (A, C) by one under a cap at most ratio·v)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from planner.search.tail_plans import _levels
+
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        kinds = {}
+        for name in ("first", "mid", "last", "whole"):
+            tail = rng.uniform(0.001, 0.2, size=(6, 9)) ** rng.uniform(0.5, 2.0)
+            fb = np.where(rng.random((6, 9)) < 0.2, np.inf, 1.0)
+            kinds[name] = SimpleNamespace(tail=tail, fb=fb)
+        view = SimpleNamespace(**kinds)
+        usable = np.concatenate([k.tail[np.isfinite(k.fb)] for k in kinds.values()])
+        ratio = float(rng.choice([1.05, 1.15, 1.5]))
+        lo = float(np.quantile(usable, rng.uniform(0.0, 0.5)))
+        hi = float(np.quantile(usable, rng.uniform(0.6, 1.0)))
+        caps = _levels([view], ratio, lo=lo, hi=hi)
+        assert caps == sorted(caps) and caps[-1] == hi
+        assert all(np.any(np.isclose(usable, c, rtol=0, atol=0)) for c in caps[:-1])
+        for v in usable[(usable >= lo) & (usable <= hi)]:
+            assert any(v <= c <= ratio * v for c in caps)
+
+
+def test_polish_finds_tail_caps_between_geometric_levels(no_grid_candidate: None) -> None:
+    """Llama-2 7B, global batch 8, 4 L4 + 24 V100-16 + 8 A100-40: with caps 1.5 apart the polish
+    kept V100 stages at tp 2, cp 4 (largest tail 61.4 ms, step 0.9759 s); the plan with tp 4, cp 2
+    everywhere has a 44.4 ms tail (the A100 stage's) and runs 0.9615 s (`--target flagscale`
+    finds it too), but the cap under 61.4 ms was 40.9 ms, which rules the A100 stage's option out.
+    Caps at option tails at most 15 % apart find it."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="L4", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=3, gpus_per_node=8),
+                                 NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=8)])
+    model = get_model("llama2-7b")
+    training = TrainingSpec(global_batch=8, seq_len=4096, micro_batches=(1,))
+    res = search(model, cluster, training, cost=COST)
+    chain = search(model, cluster, training, cost=COST, target="flagscale")
+    assert res.prediction.step_s <= chain.prediction.step_s * (1 + 1e-9)
+    assert res.prediction.step_s < 0.97
+    assert {(s.tp, s.cp) for p in res.plan.pipelines for s in p.stages} == {(4, 2)}

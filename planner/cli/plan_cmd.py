@@ -104,6 +104,10 @@ def plan_command(
     polish: str = typer.Option("auto", "--polish",
                                help="re-solve the best units' plans with tail-capped stage options: auto (when "
                                     "the gap misses --refine-gap or tails are 5 % of the step), always, never"),
+    chains: str = typer.Option("auto", "--chains",
+                               help="also try the most promising FlagScale mesh chains (pipelines of any number "
+                                    "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out), "
+                                    "always, never"),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
                                 help="processes for the split frontiers (large pools); the plan does not depend on it"),
     profiles: Path | None = PROFILES_OPT,
@@ -134,7 +138,7 @@ def plan_command(
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                         max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
-                        polish=polish)
+                        polish=polish, chains=chains)
     else:
         from rich.progress import Progress
 
@@ -142,7 +146,8 @@ def plan_command(
             task = bar.add_task("searching", total=1.0)
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                             max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
-                            polish=polish, progress=lambda f, msg: bar.update(task, completed=f, description=msg))
+                            polish=polish, chains=chains,
+                            progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate
 

@@ -31,6 +31,7 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
+from planner.search.candidates import add_chain_candidate, add_megatron_grid, wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
@@ -45,7 +46,7 @@ from planner.specs.training import TrainingSpec
 from solvers.assign import SolverStats
 
 
-TIMING_STATS = ("search_s", "megatron_grid_s")  # wall-clock entries of `SearchResult.stats`
+TIMING_STATS = ("search_s", "megatron_grid_s", "chain_s")  # wall-clock entries of `SearchResult.stats`
 
 
 @dataclass
@@ -165,7 +166,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
            time_limit: float | None = None, solver: str = "cpsat", max_blocks: int = 3,
            exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, triple_limit: int = 400,
            top_k: int = 3, refine_gap: float | None = 0.015, workers: int = 1,
-           progress: Progress | None = None, target: str | None = None, polish: str = "auto") -> SearchResult:
+           progress: Progress | None = None, target: str | None = None, polish: str = "auto",
+           chains: str = "auto") -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
 
     Coverage per microbatch size: "exact" when the model has at most `exact_max_layers` slots and
@@ -192,8 +194,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     likely to pay.
 
     Last, on the blocks coverage, the best Megatron grid is searched with the best plan as a
-    cutoff and taken if faster (`_add_megatron_grid`), so the answer is never slower than any grid
-    (on the exact coverage the grids are inside the exactly solved space).
+    cutoff and taken if faster (`candidates.add_megatron_grid`), so the answer is never slower than any grid
+    (on the exact coverage the grids are inside the exactly solved space). Then `chains` ("auto",
+    "always", "never"): the most promising FlagScale mesh chains (`candidates.add_chain_candidate`), pipelines
+    of any number of runs the coverage may leave out; "auto" runs it when the pool has more GPU
+    classes than the coverage's runs, or the coverage caps mixed pipelines.
 
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
@@ -207,6 +212,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     cost = cost or AnalyticCostModel()
     if polish not in ("auto", "always", "never"):
         raise HetplanError("polish", f"unknown mode '{polish}' (auto, always, never)")
+    if chains not in ("auto", "always", "never"):
+        raise HetplanError("chains", f"unknown mode '{chains}' (auto, always, never)")
     if target in ("megatron", "flagscale", "torchtitan", "deepspeed"):
         return _grid_search(model, cluster, training, cost, start, target)
     if target not in (None, "any", "slurm"):
@@ -230,10 +237,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     bounds: list[float] = []
     coverages: set[str] = set()
     timed_out = False
-    grid_s = 0.0  # seconds spent on the Megatron-grid candidate
+    grid_s = chain_s = 0.0  # seconds spent on the Megatron-grid and the mesh-chain candidates
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
-                "units_split": 0, "units_polished": 0, "megatron_grid_added": 0}
+                "units_split": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
@@ -299,8 +306,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         # last, so it can only replace the answer, never change what refinement and polish do
         if candidates and (time_limit is None or time.perf_counter() - start < time_limit):
             grid_start = time.perf_counter()
-            _add_megatron_grid(ctx, sizes)
+            add_megatron_grid(ctx, sizes)
             grid_s = time.perf_counter() - grid_start
+        if candidates and wants_chains(chains, coverages, classes) and (
+                time_limit is None or time.perf_counter() - start < time_limit):
+            chain_start = time.perf_counter()
+            add_chain_candidate(ctx, sizes)
+            chain_s = time.perf_counter() - chain_start
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
@@ -330,36 +342,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     for g, n in used.items():
         idle[g] -= n
     idle = {g: n for g, n in idle.items() if n}
-    explanation = _explain(plan, pred, idle)
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
+    explanation = _explain(plan, pred, idle, coverage)
     explanation += _outside_coverage(plan, coverage)
     if best.step_s < covered:
         explanation.append(f"the lower bound of the covered space ({coverage}) is {covered:.4f} s, above this "
                            "plan's step: the plan lies outside that space and beats every plan in it, so the "
                            "gap is 0 against that space and this plan, not against plans outside it")
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
-                 "plans_scored": len(candidates), "megatron_grid_s": grid_s, "search_s": time.perf_counter() - start}
+                 "plans_scored": len(candidates), "megatron_grid_s": grid_s, "chain_s": chain_s, "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out,
                         coverage_bound_s=covered if bounds else None)
-
-
-def _add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
-    """Add the best Megatron grid as a candidate when it beats the best plan found, so the answer
-    is never slower than any grid: the grids' space is not inside the blocks coverage's (their
-    pipelines may run through several GPU types in file order), and the plan LP stops within 0.1 %
-    of its bound, which let plans trail a grid by up to 0.05 % on random small pools
-    (`benchmarks/grid_check.py --seed 6`). With the best step as a cutoff every grid is pruned by
-    bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs, 0.4-0.5 s from 128 to 16,384 on the
-    ladder pools (stat `megatron_grid_s`). Run last, it can only replace the answer of refinement
-    and the polish."""
-    from planner.search.megatron_grid import best_megatron_plan
-
-    best = min(c.step_s for c in ctx.candidates)
-    found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best)
-    if found is not None and found[1].step_s < best:  # a tie adds nothing
-        plan, pred = found
-        ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
-        ctx.explored["megatron_grid_added"] = 1
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
@@ -388,7 +381,7 @@ def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     idle = {g: n for g, n in idle.items() if n}
     stats = {"gpus_used": used, "search_s": time.perf_counter() - start}
     coverage = "flagscale-meshes" if target == "flagscale" else "megatron-grid"
-    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle), stats)
+    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle, coverage), stats)
 
 
 def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:
@@ -427,15 +420,18 @@ def _outside_coverage(plan: Plan, coverage: str) -> list[str]:
     return out
 
 
-def _explain(plan: Plan, pred: Prediction, idle: dict[str, int]) -> list[str]:
+def _explain(plan: Plan, pred: Prediction, idle: dict[str, int], coverage: str) -> list[str]:
+    """Bottleneck, memory headroom per stage, and why GPUs are idle: no plan of the searched space
+    (`coverage`) that uses them is faster; a time limit or a narrower coverage leaves that open."""
     lines = [f"bottleneck: {pred.bottleneck}"]
     for sp in pred.per_stage:
         head = sp.memory_capacity_bytes - sp.memory_bytes
         lines.append(f"pipeline {sp.pipeline} stage {sp.stage} ({sp.gpu}): memory headroom "
                      f"{head / 2**30:.1f} GiB of {sp.memory_capacity_bytes / 2**30:.1f} GiB")
     for gpu, n in sorted(idle.items()):
-        lines.append(f"idle: {n} x {gpu} - no plan that also uses them is faster under the cost model "
-                     "(they would lengthen gradient sync or could not take a balanced share of the batch)")
+        lines.append(f"idle: {n} x {gpu} - no plan of the searched space ({coverage}) that also uses them is "
+                     "faster under the cost model (they would lengthen gradient sync or could not take a "
+                     "balanced share of the batch)")
     return lines
 
 

@@ -315,13 +315,18 @@ def _groups(model: ModelSpec, training: TrainingSpec, classes: list[ResourceClas
 
 
 def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-                        sizes: list[int]) -> tuple[Plan, Prediction] | None:
-    """The fastest FlagScale-expressible plan found (see module docstring), or None if none fits."""
+                        sizes: list[int], cutoff_s: float | None = None,
+                        max_dp: int = _MAX_DP, grid: bool = True) -> tuple[Plan, Prediction] | None:
+    """The fastest FlagScale-expressible plan found (see module docstring), or None if none fits.
+    `cutoff_s`: chains whose bound reaches it are pruned as if a plan that fast were known;
+    `max_dp`: the most partition-DP runs; `grid`: False leaves out the Megatron grid it otherwise
+    adds where the chains may miss it (the full search's chain candidate,
+    `candidates.add_chain_candidate`, takes the most promising chains only, after its own grid)."""
     classes = resource_classes(cluster)
     if not classes:
         return None
     if training.schedule != "1f1b":  # the run DP optimises 1F1B; other schedules get the Megatron grid
-        return _checked([best_megatron_plan(model, cluster, training, cost, sizes)], cluster)
+        return _checked([best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=math.inf if cutoff_s is None else cutoff_s)], cluster)
     n_dec, single = model.num_layers, cluster.single_node
     overhead = cost.knobs.step_overhead_s
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
@@ -349,7 +354,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     dp_runs, ptr = 0, 0
 
     def incumbent() -> float:
-        return cands[0][0] if cands else math.inf
+        return min(cands[0][0] if cands else math.inf, math.inf if cutoff_s is None else cutoff_s)
 
     def record(value: float, tie: tuple[int, int, int], order: tuple, split: Split) -> None:
         cands.append((value, tie, order, split))
@@ -395,7 +400,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         kh = heap[0][0] if heap else math.inf
         if min(k0, kh) >= incumbent():
             break
-        if dp_runs >= _MAX_DP:
+        if dp_runs >= max_dp:
             inexact = True
             break
         if k0 < kh:  # refine a fluid bound into the integral one
@@ -434,9 +439,9 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 record(_value(best, m) + overhead, (gi, flat, oi), order, best)
     found = [_evaluated(_place(model, training, cluster, classes, groups[tie[0]], order, split), cluster, cost)
              for _, tie, order, split in cands]
-    if inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp:
+    if grid and (inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp):
         # groups across nodes are only in the Megatron grid: it stays a candidate
-        found.append(best_megatron_plan(model, cluster, training, cost, sizes))
+        found.append(best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=math.inf if cutoff_s is None else cutoff_s))
     return _checked(found, cluster)
 
 

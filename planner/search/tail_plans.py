@@ -11,7 +11,6 @@ with recovered options: more templates for the plan LP. The bound does not chang
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from planner.search.templates import Template, TemplateStage, prune_templates
 from solvers.batched_runs import batched_frontiers, batched_min_max_tails, row_skeleton
 from solvers.uniform_layers import INF, Kind, UniformView, uniform_view
 
-LEVEL_RATIO = 1.5  # successive tail caps
+LEVEL_RATIO = 1.15  # a plan's largest tail v has a cap within [v, LEVEL_RATIO·v] (`_levels`)
 
 
 def _capped(view: UniformView, cap: float) -> UniformView:
@@ -32,9 +31,12 @@ def _capped(view: UniformView, cap: float) -> UniformView:
 
 
 def _levels(views: list[UniformView], ratio: float, lo: float | None = None, hi: float | None = None) -> list[float]:
-    """Caps `ratio` apart down from `hi` (default: the largest tail of a usable option; the top cap
-    is `hi` itself) to the first at or below `lo` (default: the least such tail). Anchored at the
-    top: the caps just under what a winning plan may have are the ones that matter."""
+    """Caps from `hi` (default: the largest tail of a usable option; the top cap is `hi` itself)
+    down to `lo` (default: the least such tail), ascending. Below the top, every cap is the tail of
+    a usable option, the largest one under the previous cap / `ratio`, so every option tail v in
+    [lo, hi] has a cap in [v, ratio·v]: a split whose largest tail is v is dominated in (A, C) by a
+    split under that cap, whose tail is at most ratio·v. Caps at option tails (rather than a
+    geometric grid) skip the ranges no option's tail falls in."""
     tails = np.concatenate([k.tail[np.isfinite(k.fb)].ravel() for v in views
                             for k in (v.first, v.mid, v.last, v.whole)])
     tails = tails[np.isfinite(tails)]
@@ -44,8 +46,13 @@ def _levels(views: list[UniformView], ratio: float, lo: float | None = None, hi:
     hi = float(np.max(tails)) if hi is None else min(hi, float(np.max(tails)))
     if hi <= lo or lo <= 0:
         return [max(hi, lo)]
-    steps = int(math.ceil(math.log(hi / lo) / math.log(ratio)))
-    return [hi / ratio ** k for k in range(steps, 0, -1)] + [hi]
+    values = np.unique(tails[(tails >= lo) & (tails <= hi)])
+    caps = [hi]
+    while True:
+        below = values[values < caps[-1] / ratio]
+        if not below.size:
+            return caps[::-1]
+        caps.append(float(below[-1]))
 
 
 class TailPlans:

@@ -1,0 +1,66 @@
+"""Plans from engine-restricted searches, added to the full search's candidates when faster.
+
+They run last, with the best plan's step as a cutoff, so they only replace the answer: the best
+Megatron grid (the issue's "never slower than the best uniform Megatron plan", by construction)
+and the most promising FlagScale mesh chains (pipelines of any number of runs, which the blocks
+coverage caps). Their plans may lie outside the bound's coverage; `api._outside_coverage` says so.
+"""
+
+from __future__ import annotations
+
+from planner.search.space import ResourceClass
+from planner.search.units import Candidate, UnitContext, coverage_rank
+
+
+def add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
+    """Add the best Megatron grid as a candidate when it beats the best plan found, so the answer
+    is never slower than any grid: the grids' space is not inside the blocks coverage's (their
+    pipelines may run through several GPU types in file order), and the plan LP stops within 0.1 %
+    of its bound, which let plans trail a grid by up to 0.05 % on random small pools
+    (`benchmarks/grid_check.py --seed 6`). With the best step as a cutoff every grid is pruned by
+    bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs, 0.4-0.5 s from 128 to 16,384 on the
+    ladder pools (stat `megatron_grid_s`). Run last, it can only replace the answer of refinement
+    and the polish."""
+    from planner.search.megatron_grid import best_megatron_plan
+
+    best = min(c.step_s for c in ctx.candidates)
+    found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best)
+    if found is not None and found[1].step_s < best:  # a tie adds nothing
+        plan, pred = found
+        ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
+        ctx.explored["megatron_grid_added"] = 1
+
+
+CHAIN_MAX_DP = 64  # partition DPs of the chain candidate: its most promising chains only
+CHAIN_MAX_GPUS = 64  # "auto" pools: above, many pipelines mix GPU types in the LP instead
+
+
+def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass]) -> bool:
+    """Whether the mesh-chain candidate runs: "auto" on pools of at most `CHAIN_MAX_GPUS` GPUs
+    where the blocks coverage leaves out some pipelines (more GPU classes than its runs, or mixed
+    pipelines capped in length). On the ladder pools of 128-16,384 GPUs it took 1.4-3.6 s and never
+    won (`benchmarks/search_scale.py`, notes run 24); on random pools of 4-36 GPUs it won 5.5 %."""
+    if chains == "never" or not coverages or "exact" in coverages:
+        return False
+    if chains == "always":
+        return True
+    blocks, mixed = coverage_rank(min(coverages, key=coverage_rank))
+    return sum(rc.gpus for rc in classes) <= CHAIN_MAX_GPUS and (blocks < len(classes) or mixed < 10**6)
+
+
+def add_chain_candidate(ctx: UnitContext, sizes: list[int]) -> None:
+    """Add the best of the most promising FlagScale mesh chains (`flagscale_grid`, best-first by
+    bound, `CHAIN_MAX_DP` partition DPs, pruned by the best step) when it beats the best plan. A
+    chain is one pipeline template, replicated, of meshes each on one GPU type with its own tp and
+    stage dp: any number of runs, which the blocks coverage caps. On 40 random pools of two or
+    three types (`benchmarks/chain_check.py`) it found plans up to 5.5 % faster, where three-run
+    pipelines of eight stages use every GPU; the first 64 DPs found the best chain there."""
+    from planner.search.flagscale_grid import best_flagscale_plan
+
+    best = min(c.step_s for c in ctx.candidates)
+    found = best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best,
+                                max_dp=CHAIN_MAX_DP, grid=False)
+    if found is not None and found[1].step_s < best:
+        plan, pred = found
+        ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
+        ctx.explored["chain_added"] = 1
