@@ -11,7 +11,6 @@ with recovered options: more templates for the plan LP. The bound does not chang
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from planner.search.options import pruned_options
