@@ -194,11 +194,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     likely to pay.
 
     Last, on the blocks coverage, the best Megatron grid is searched with the best plan as a
-    cutoff and taken if faster (`candidates.add_megatron_grid`), so the answer is never slower than any grid
-    (on the exact coverage the grids are inside the exactly solved space). Then `chains` ("auto",
-    "always", "never"): the most promising FlagScale mesh chains (`candidates.add_chain_candidate`), pipelines
-    of any number of runs the coverage may leave out; "auto" runs it when the pool has more GPU
-    classes than the coverage's runs, or the coverage caps mixed pipelines.
+    cutoff and taken if faster (`candidates.add_megatron_grid`), so the answer is never slower than
+    any grid (on the exact coverage the grids are inside the exactly solved space). Then `chains`
+    ("auto", "always", "never"): the most promising FlagScale mesh chains
+    (`candidates.add_chain_candidate`), pipelines of any number of runs the coverage may leave out;
+    "auto" runs it on pools of at most 64 GPUs with more GPU classes than the coverage's runs, or
+    whose coverage caps mixed pipelines.
 
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
@@ -350,7 +351,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                            "plan's step: the plan lies outside that space and beats every plan in it, so the "
                            "gap is 0 against that space and this plan, not against plans outside it")
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
-                 "plans_scored": len(candidates), "megatron_grid_s": grid_s, "chain_s": chain_s, "search_s": time.perf_counter() - start}
+                 "plans_scored": len(candidates), "megatron_grid_s": grid_s, "chain_s": chain_s,
+                 "search_s": time.perf_counter() - start}
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out,
                         coverage_bound_s=covered if bounds else None)
 

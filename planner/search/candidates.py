@@ -39,7 +39,7 @@ def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass])
     """Whether the mesh-chain candidate runs: "auto" on pools of at most `CHAIN_MAX_GPUS` GPUs
     where the blocks coverage leaves out some pipelines (more GPU classes than its runs, or mixed
     pipelines capped in length). On the ladder pools of 128-16,384 GPUs it took 1.4-3.6 s and never
-    won (`benchmarks/search_scale.py`, notes run 24); on random pools of 4-36 GPUs it won 5.5 %."""
+    won (`benchmarks/search_scale.py`); on random pools of 4-36 GPUs it won up to 5.5 %."""
     if chains == "never" or not coverages or "exact" in coverages:
         return False
     if chains == "always":

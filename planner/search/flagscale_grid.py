@@ -315,7 +315,7 @@ def _groups(model: ModelSpec, training: TrainingSpec, classes: list[ResourceClas
 
 
 def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-                        sizes: list[int], cutoff_s: float | None = None,
+                        sizes: list[int], cutoff_s: float = math.inf,
                         max_dp: int = _MAX_DP, grid: bool = True) -> tuple[Plan, Prediction] | None:
     """The fastest FlagScale-expressible plan found (see module docstring), or None if none fits.
     `cutoff_s`: chains whose bound reaches it are pruned as if a plan that fast were known;
@@ -326,7 +326,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     if not classes:
         return None
     if training.schedule != "1f1b":  # the run DP optimises 1F1B; other schedules get the Megatron grid
-        return _checked([best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=math.inf if cutoff_s is None else cutoff_s)], cluster)
+        return _checked([best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=cutoff_s)], cluster)
     n_dec, single = model.num_layers, cluster.single_node
     overhead = cost.knobs.step_overhead_s
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
@@ -354,7 +354,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     dp_runs, ptr = 0, 0
 
     def incumbent() -> float:
-        return min(cands[0][0] if cands else math.inf, math.inf if cutoff_s is None else cutoff_s)
+        return min(cands[0][0] if cands else math.inf, cutoff_s)
 
     def record(value: float, tie: tuple[int, int, int], order: tuple, split: Split) -> None:
         cands.append((value, tie, order, split))
@@ -441,7 +441,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
              for _, tie, order, split in cands]
     if grid and (inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp):
         # groups across nodes are only in the Megatron grid: it stays a candidate
-        found.append(best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=math.inf if cutoff_s is None else cutoff_s))
+        found.append(best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=cutoff_s))
     return _checked(found, cluster)
 
 
