@@ -2,6 +2,7 @@
 
     python benchmarks/search_scale.py [--model llama2-13b] [--time-limit 120] [--min-gpus 8] [--max-gpus 256]
                                       [--hard-timeout S] [--workers N] [--target megatron|flagscale|...]
+                                      [--chains auto|always|never]
                                       [--csv out.csv] [--markdown]
 
 Pools mix three GPU types up to 64 GPUs (A100-80, H100, V100-32 in proportions 3:2:2) and four above
@@ -64,7 +65,7 @@ def ladder_cluster(gpus: int) -> ClusterSpec:
 
 
 def run_rung(gpus: int, model_name: str, seq_len: int | None, time_limit: float, workers: int = 1,
-             target: str | None = None) -> dict:
+             target: str | None = None, chains: str = "auto") -> dict:
     model = get_model(model_name)
     cluster = ladder_cluster(gpus)
     training = TrainingSpec(global_batch=max(256, 4 * gpus), seq_len=seq_len or model.seq_len)
@@ -73,7 +74,7 @@ def run_rung(gpus: int, model_name: str, seq_len: int | None, time_limit: float,
     start = time.perf_counter()
     try:
         res = search(model, cluster, training, cost=AnalyticCostModel(), time_limit=time_limit, workers=workers,
-                     target=target)
+                     target=target, chains=chains)
     except HetplanError as exc:
         return {**row, "search_s": time.perf_counter() - start, "status": f"error: {exc}"}
     return {**row, "search_s": res.stats.get("search_s", time.perf_counter() - start),
@@ -87,11 +88,11 @@ def _child(queue: mp.Queue, args: tuple) -> None:
 
 
 def run_isolated(gpus: int, model_name: str, seq_len: int | None, time_limit: float, hard_s: float,
-                 workers: int = 1, target: str | None = None) -> dict:
+                 workers: int = 1, target: str | None = None, chains: str = "auto") -> dict:
     """One rung in a child process, killed after `hard_s` seconds (its own child, by handle)."""
     ctx = mp.get_context("fork")
     queue: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(queue, (gpus, model_name, seq_len, time_limit, workers, target)))
+    proc = ctx.Process(target=_child, args=(queue, (gpus, model_name, seq_len, time_limit, workers, target, chains)))
     start = time.perf_counter()
     proc.start()
     proc.join(hard_s)
@@ -135,16 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-gpus", type=int, default=min(LADDER), help="skip smaller rungs")
     ap.add_argument("--workers", type=int, default=2, help="processes for the split frontiers (search's workers)")
     ap.add_argument("--target", default=None, help="search only plans this engine runs (megatron, flagscale, ...)")
+    ap.add_argument("--chains", default="auto", choices=("auto", "always", "never"),
+                    help="the search's mesh-chain candidate (planner.search.candidates)")
     ap.add_argument("--csv", type=Path, default=None)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     hard = args.hard_timeout or 3 * args.time_limit + 60
     rows = []
     for gpus in (g for g in LADDER if args.min_gpus <= g <= args.max_gpus):
-        row = run_isolated(gpus, args.model, args.seq_len, args.time_limit, hard, args.workers, args.target)
+        row = run_isolated(gpus, args.model, args.seq_len, args.time_limit, hard, args.workers, args.target,
+                           args.chains)
         rows.append(row)
         print(f"# {gpus} GPUs done: {row.get('status')} in {row.get('search_s', 0):.1f} s", file=sys.stderr, flush=True)
     target = f", target {args.target}" if args.target else ""
+    target += f", chains {args.chains}" if args.chains != "auto" else ""
     print(f"model {args.model}, time limit {args.time_limit:g} s, analytic cost model, workers {args.workers}{target}")
     print("\n".join(table_lines(rows, args.markdown)))
     if args.csv:

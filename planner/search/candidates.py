@@ -38,8 +38,9 @@ CHAIN_MAX_GPUS = 64  # "auto" pools: above, many pipelines mix GPU types in the 
 def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass]) -> bool:
     """Whether the mesh-chain candidate runs: "auto" on pools of at most `CHAIN_MAX_GPUS` GPUs
     where the blocks coverage leaves out some pipelines (more GPU classes than its runs, or mixed
-    pipelines capped in length). On the ladder pools of 128-16,384 GPUs it took 1.4-3.6 s and never
-    won (`benchmarks/search_scale.py`); on random pools of 4-36 GPUs it won up to 5.5 %."""
+    pipelines capped in length). On the ladder pools of 128-16,384 GPUs it took 1.0-2.8 s and never
+    won (`benchmarks/search_scale.py --chains always`); on random pools of 4-36 GPUs it won up to
+    5.5 % (`benchmarks/chain_check.py`)."""
     if chains == "never" or not coverages or "exact" in coverages:
         return False
     if chains == "always":
