@@ -8,6 +8,7 @@ coverage caps). Their plans may lie outside the bound's coverage; `api._outside_
 
 from __future__ import annotations
 
+from planner.plan import Plan, Prediction
 from planner.search.space import ResourceClass
 from planner.search.units import Candidate, UnitContext, coverage_rank
 
@@ -24,11 +25,17 @@ def add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
     from planner.search.megatron_grid import best_megatron_plan
 
     best = min(c.step_s for c in ctx.candidates)
-    found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best)
-    if found is not None and found[1].step_s < best:  # a tie adds nothing
+    _add_if_faster(ctx, best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best),
+                   best, "megatron_grid_added")
+
+
+def _add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, best: float, stat: str) -> None:
+    """Add `found` as a candidate when strictly faster than `best` (a tie adds nothing), counted in
+    `stat`."""
+    if found is not None and found[1].step_s < best:
         plan, pred = found
         ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
-        ctx.explored["megatron_grid_added"] = 1
+        ctx.explored[stat] = 1
 
 
 CHAIN_MAX_DP = 64  # partition DPs of the chain candidate: its most promising chains only
@@ -45,8 +52,9 @@ def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass])
         return False
     if chains == "always":
         return True
-    blocks, mixed = coverage_rank(min(coverages, key=coverage_rank))
-    return sum(rc.gpus for rc in classes) <= CHAIN_MAX_GPUS and (blocks < len(classes) or mixed < 10**6)
+    narrowest = min(coverages, key=coverage_rank)
+    left_out = coverage_rank(narrowest)[0] < len(classes) or "mixed<=" in narrowest
+    return sum(rc.gpus for rc in classes) <= CHAIN_MAX_GPUS and left_out
 
 
 def add_chain_candidate(ctx: UnitContext, sizes: list[int]) -> None:
@@ -61,7 +69,4 @@ def add_chain_candidate(ctx: UnitContext, sizes: list[int]) -> None:
     best = min(c.step_s for c in ctx.candidates)
     found = best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best,
                                 max_dp=CHAIN_MAX_DP, grid=False)
-    if found is not None and found[1].step_s < best:
-        plan, pred = found
-        ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
-        ctx.explored["chain_added"] = 1
+    _add_if_faster(ctx, found, best, "chain_added")
