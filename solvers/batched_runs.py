@@ -51,18 +51,20 @@ class _Least:
 
     fb: np.ndarray  # (F + 1, T, D)
     option: np.ndarray  # (F + 1, T, D)
+    tail: np.ndarray  # (F + 1, T, D): the tail of that option
 
 
 def _least(kinds: list[Kind], capacities: list[float], flights: int) -> _Least:
     f = np.arange(1, flights + 1, dtype=float)[:, None, None]
-    fb, option = [], []
+    fb, option, tail = [], [], []
     for kind, cap in zip(kinds, capacities):
         fits = np.where(kind.mem_fixed[None] + f * kind.act[None] <= cap, kind.fb[None], INF)  # (F, O, D)
         fits = np.concatenate([np.full_like(fits[:1], INF), fits])  # flight 0: unused
         arg = np.argmin(fits, axis=1)
         fb.append(np.take_along_axis(fits, arg[:, None, :], axis=1)[:, 0, :])
         option.append(arg)
-    return _Least(np.stack(fb, axis=1), np.stack(option, axis=1))
+        tail.append(np.take_along_axis(kind.tail, arg, axis=0))
+    return _Least(np.stack(fb, axis=1), np.stack(option, axis=1), np.stack(tail, axis=1))
 
 
 def _runs(row: Row) -> list[tuple[Hashable, int]]:
@@ -147,8 +149,9 @@ class _Batch:
             sums = first + value[done][:, rest]
             d0 = np.argmin(sums, axis=1)
             ok = np.isfinite(sums[np.arange(len(done)), d0])
-            for b, d in zip(done[ok].tolist(), d0[ok].tolist()):
-                out[int(order[b])] = self._recover(b, r + 1, d, rev[b].tolist(), trace)
+            splits = self._recover(done[ok], r + 1, d0[ok], rev, trace)
+            for b, split in zip(order[done[ok]].tolist(), splits):
+                out[b] = split
         return out
 
     def _single(self, x: int, o: int) -> Split:
@@ -156,31 +159,33 @@ class _Batch:
         return Split(((0, self.n - 1),), (o,), (float(kind.fb[o, self.big_n]),),
                      (float(kind.tail[o, self.big_n]),))
 
-    def _recover(self, b: int, s: int, d0: int, rev: list[int], trace: list[np.ndarray]) -> Split:
+    def _recover(self, rows: np.ndarray, s: int, d0: np.ndarray, rev: np.ndarray,
+                 trace: list[np.ndarray]) -> list[Split]:
+        """The splits of `rows` (s stages each; `d0` decoders in the first), walked back through
+        the DP's choices for all rows at once."""
+        if not len(rows):
+            return []
         big_n, n = self.big_n, self.n
-        o = int(self.first.option[s, rev[s], d0])
-        kind = self.views[rev[s]].first
-        ranges, options, fbs, tails = [(0, d0)], [o], [float(kind.fb[o, d0])], [float(kind.tail[o, d0])]
-        k, start = big_n - d0, 1 + d0
+        flights = [s] + list(range(s - 1, 1, -1)) + [1]
+        kinds = [self.first] + [self.mid] * (s - 2) + [self.last]
+        ds = [d0]
+        k = big_n - d0
         for r in range(s - 1, 1, -1):
-            d = int(trace[r - 2][b, k])
-            t = rev[r]
-            o = int(self.mid.option[r, t, d])
-            kind = self.views[t].mid
-            ranges.append((start, start + d - 1))
-            options.append(o)
-            fbs.append(float(kind.fb[o, d]))
-            tails.append(float(kind.tail[o, d]))
-            start += d
-            k -= d
-        y = rev[1]
-        o = int(self.last.option[1, y, k])
-        kind = self.views[y].last
-        ranges.append((start, n - 1))
-        options.append(o)
-        fbs.append(float(kind.fb[o, k]))
-        tails.append(float(kind.tail[o, k]))
-        return Split(tuple(ranges), tuple(options), tuple(fbs), tuple(tails))
+            d = trace[r - 2][rows, k]
+            ds.append(d)
+            k = k - d
+        ds.append(k)
+        d_all = np.stack(ds, axis=1)  # (rows, s): decoders per stage, first stage first
+        types = rev[rows][:, [s - j for j in range(s)]]
+        opts, fbs, tails = (np.stack([getattr(kind, f)[fl, types[:, j], d_all[:, j]]
+                                      for j, (kind, fl) in enumerate(zip(kinds, flights))], axis=1)
+                            for f in ("option", "fb", "tail"))
+        ends = np.cumsum(d_all, axis=1)
+        ends[:, -1] += 1  # the last stage also holds the head
+        starts = np.concatenate([np.zeros((len(rows), 1), dtype=np.int64), ends[:, :-1] + 1], axis=1)
+        assert np.all(ends[:, -1] == n - 1)
+        return [Split(tuple(zip(st, en)), tuple(o), tuple(f), tuple(t)) for st, en, o, f, t
+                in zip(starts.tolist(), ends.tolist(), opts.tolist(), fbs.tolist(), tails.tolist())]
 
 
 def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
@@ -281,35 +286,34 @@ def _coded_min_max(codes: RowCodes, table: Callable[[str, int], np.ndarray], fli
     return out
 
 
-@dataclass(frozen=True)
-class _Padded:
-    """One stage kind of every type, options padded to a common count: F+B where memory fits at
-    each flight (F + 1, T, O, D), +inf on padding, and the tails (T, O, D)."""
+class _TailCappedLeast:
+    """Least F+B of one stage kind by (type, tail cap, decoders) over the options within the tail
+    cap whose memory fits at a flight, +inf where none; one table per flight, built on first use
+    and then gathered each round. Under an F+B cap the least option within the tail cap either
+    fits the F+B cap or none does, so a round only compares this table with its caps: the option
+    axis is reduced once per flight, not every round."""
 
-    fits: np.ndarray
-    tail: np.ndarray
+    def __init__(self, kinds: list[Kind], capacities: list[float], levels: np.ndarray) -> None:
+        self.kinds, self.capacities, self.levels = kinds, capacities, levels
+        self.tables: dict[int, np.ndarray] = {}
 
-
-def _padded(kinds: list[Kind], capacities: list[float], flights: int) -> _Padded:
-    o_max = max(k.fb.shape[0] for k in kinds)
-    d = kinds[0].fb.shape[1]
-    fits = np.full((flights + 1, len(kinds), o_max, d), INF)
-    tail = np.full((len(kinds), o_max, d), INF)
-    f = np.arange(1, flights + 1, dtype=float)[:, None, None]
-    for t, (kind, cap) in enumerate(zip(kinds, capacities)):
-        o = kind.fb.shape[0]
-        fits[1:, t, :o] = np.where(kind.mem_fixed[None] + f * kind.act[None] <= cap, kind.fb[None], INF)
-        tail[t, :o] = kind.tail
-    return _Padded(fits, tail)
-
-
-def _capped_least(kind: _Padded, flight: int, types: np.ndarray, caps: np.ndarray, ecaps: np.ndarray) -> np.ndarray:
-    """Least F+B per (row, d) over options within the row's F+B cap and tail cap, at `flight`."""
-    fits = kind.fits[flight, types]  # (B, O, D)
-    ok = (fits <= caps[:, None, None]) & (kind.tail[types] <= ecaps[:, None, None])
-    return np.where(ok, fits, INF).min(axis=1)
+    def at(self, flight: int) -> np.ndarray:
+        """(T, E, D) least F+B at `flight` under each of the E tail caps `levels`."""
+        if flight not in self.tables:
+            e = self.levels[:, None, None]
+            self.tables[flight] = np.stack([
+                np.where((kind.mem_fixed + flight * kind.act <= cap)[None] & (kind.tail[None] <= e),
+                         kind.fb[None], INF).min(axis=1)
+                for kind, cap in zip(self.kinds, self.capacities)])
+        return self.tables[flight]
 
 
+def _capped(table: _TailCappedLeast, flight: int, types: np.ndarray, levels: np.ndarray,
+            caps: np.ndarray) -> np.ndarray:
+    """Least F+B per (row, d) over options within each row's tail cap (`levels`: indices into the
+    table's caps) and F+B cap `caps`, at `flight`."""
+    least = table.at(flight)[types, levels]
+    return np.where(least <= caps[:, None], least, INF)
 
 
 def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
@@ -326,14 +330,13 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
     codes = RowCodes.of(keys, [rows[i] for i in live], n)
     code_of = {r: b for b, r in enumerate(codes.live)}
     row_code = np.array([code_of.get(r, 0) for r in rows], dtype=np.int64)  # dead rows: never asked
-    e_all = np.asarray(ecaps, dtype=float)
     vs = [views[k] for k in keys]
     caps_mem = [v.capacity for v in vs]
     flights = int(codes.total.max())
-    first = _padded([v.first for v in vs], caps_mem, flights)
-    mid = _padded([v.mid for v in vs], caps_mem, flights)
-    last = _padded([v.last for v in vs], caps_mem, 1)
-    whole = _padded([v.whole for v in vs], caps_mem, 1)
+    levels, e_code = np.unique(np.asarray(ecaps, dtype=float), return_inverse=True)
+    e_code = e_code.reshape(-1)
+    first, mid, last, whole = (_TailCappedLeast([getattr(v, kind) for v in vs], caps_mem, levels)
+                               for kind in ("first", "mid", "last", "whole"))
     big_n = vs[0].decoders
     rest = big_n - np.arange(big_n + 1)
     k_idx = np.arange(big_n + 1)[None, :]
@@ -341,10 +344,10 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
     def solve(ids: list[int], caps: np.ndarray) -> list[Point | None]:
         out: list[Point | None] = [None] * len(ids)
         code = row_code[ids]
-        total, rev, ecap = codes.total[code], codes.rev[code], e_all[ids]
+        total, rev, ecap = codes.total[code], codes.rev[code], e_code[ids]
         ones = np.flatnonzero(total == 1)
         if len(ones):
-            fb = _capped_least(whole, 1, rev[ones, 1], caps[ones], ecap[ones])[:, big_n]
+            fb = _capped(whole, 1, rev[ones, 1], ecap[ones], caps[ones])[:, big_n]
             for b, v in zip(ones.tolist(), fb.tolist()):
                 if math.isfinite(v):
                     out[b] = Point(v, v)
@@ -354,19 +357,19 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
         order = order[np.argsort(-total[order], kind="stable")]
         rev, tot = rev[order], total[order]
         cap, e = caps[order], ecap[order]
-        value = _capped_least(last, 1, rev[:, 1], cap, e)
+        value = _capped(last, 1, rev[:, 1], e, cap)
         cmax = value.copy()  # the bottleneck along each best path
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:
-                stage = _capped_least(mid, r, rev[:active, r], cap[:active], e[:active])
+                stage = _capped(mid, r, rev[:active, r], e[:active], cap[:active])
                 value, arg_d = _conv(stage, value[:active])
                 cmax = np.maximum(np.take_along_axis(stage, arg_d, axis=1),
                                   np.take_along_axis(cmax[:active], np.clip(k_idx - arg_d, 0, big_n), axis=1))
             done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
             if not len(done):
                 continue
-            fb_first = _capped_least(first, r + 1, rev[done, r + 1], cap[done], e[done])
+            fb_first = _capped(first, r + 1, rev[done, r + 1], e[done], cap[done])
             sums = fb_first + value[done][:, rest]
             d0 = np.argmin(sums, axis=1)
             rows_k = np.arange(len(done))
