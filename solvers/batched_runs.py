@@ -332,7 +332,6 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
     row_code = np.array([code_of.get(r, 0) for r in rows], dtype=np.int64)  # dead rows: never asked
     vs = [views[k] for k in keys]
     caps_mem = [v.capacity for v in vs]
-    flights = int(codes.total.max())
     levels, e_code = np.unique(np.asarray(ecaps, dtype=float), return_inverse=True)
     e_code = e_code.reshape(-1)
     first, mid, last, whole = (_TailCappedLeast([getattr(v, kind) for v in vs], caps_mem, levels)
