@@ -129,6 +129,24 @@ def test_frontier_parts_give_every_worker_as_many_tasks(workers: int) -> None:
     assert frontier_parts(5, 2) == [1, 1, 1, 1, 2]
 
 
+def test_a_narrow_replica_class_splits_into_single_counts() -> None:
+    """Halving a narrow class would peel one count off its top and leave the part holding the
+    lowest count, whose bound that count sets, as it was; it splits into single counts instead.
+    The parts always cover the class exactly, in order."""
+    from planner.search.parallel import SPLIT_SINGLETONS, split_counts
+
+    assert split_counts(9, 35) == [(9, 13), (14, 35)]
+    assert split_counts(9, 13) == [(9, 9), (10, 10), (11, 11), (12, 12), (13, 13)]
+    assert split_counts(5, 8) == [(5, 5), (6, 6), (7, 7), (8, 8)]
+    assert split_counts(4, 5) == [(4, 4), (5, 5)]
+    for lo in range(1, 60):
+        for hi in range(lo + 1, 120):
+            parts = split_counts(lo, hi)
+            assert parts[0][0] == lo and parts[-1][1] == hi and len(parts) >= 2
+            assert all(a <= b and b + 1 == c for (a, b), (c, _) in zip(parts, parts[1:]))
+            assert len(parts) == 2 or len(parts) == hi - lo + 1 <= SPLIT_SINGLETONS
+
+
 def test_search_is_callable_and_stays_a_package() -> None:
     """`from planner import search; search(...)` runs the search, and `import planner.search.units as m`
     still finds the submodule (a function bound to `planner.search` used to hide it)."""
