@@ -345,4 +345,5 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
     assert refine(context(2.0), 0.015, 0.0, pool=None) is True  # gap 100 %, deadline passed
     assert refine(context(1.01), 0.015, 0.0, pool=None) is False  # within the target: nothing was cut
     assert polish(context(2.0), 0.015, 0.0) is True
-    assert polish(context(1.01), 0.015, 0.0) is False  # nothing to polish: within target, no tails
+    assert polish(context(1.01), 0.015, 0.0) is True  # within target: the two lowest units, cut short
+    assert polish(context(1.0005), 0.015, 0.0) is False  # nothing to polish: the bound is within 0.1 %

@@ -99,20 +99,24 @@ def test_tail_caps_stop_where_no_plan_could_beat_the_incumbent() -> None:
     assert provider.tail_plan_templates(1, set(provider.rows), e_cap=tails[0] * 0.5) == []
 
 
-def test_polish_always_never_slower_and_never_skips_it(no_grid_candidate: None) -> None:
-    """`polish="always"` re-solves the best units even when the gap target is met and tails are
-    small: on the 8-GPU ladder pool it finds a faster plan (51.226 s against 51.284 s, the bound
-    unchanged). `polish="never"` skips it where "auto" would run it (the A10 / T4 pool above)."""
+def test_polish_runs_within_the_gap_target_and_never_skips_it(no_grid_candidate: None) -> None:
+    """Within the gap target and with small tails, "auto" still re-solves the two lowest-bound
+    units: on the 8-GPU ladder pool it finds the plan "always" finds (51.226 s against 51.284 s
+    without the polish, the bound unchanged; a trigger on the gap alone left it unpolished).
+    `polish="never"` skips it (also on the A10 / T4 pool above, where it matters most)."""
     from benchmarks.search_scale import ladder_cluster
     from planner.errors import HetplanError
 
     model = get_model("llama2-13b")
     training = TrainingSpec(global_batch=256, seq_len=model.seq_len)
+    never8 = search(model, ladder_cluster(8), training, cost=COST, polish="never")
     auto = search(model, ladder_cluster(8), training, cost=COST)
     always = search(model, ladder_cluster(8), training, cost=COST, polish="always")
-    assert always.prediction.step_s < auto.prediction.step_s * (1 - 1e-4)
-    assert always.lower_bound_s == pytest.approx(auto.lower_bound_s, rel=1e-12)
-    assert auto.stats["units_polished"] == 0 < always.stats["units_polished"]
+    assert never8.gap <= 0.015 and never8.stats["units_polished"] == 0  # the target was met unpolished
+    assert auto.prediction.step_s < never8.prediction.step_s * (1 - 1e-4)
+    assert auto.prediction.step_s == pytest.approx(always.prediction.step_s, rel=1e-12)
+    assert auto.lower_bound_s == pytest.approx(never8.lower_bound_s, rel=1e-12)
+    assert 0 < auto.stats["units_polished"] <= 2
     never = search(MODEL, CLUSTER, TRAINING, cost=COST, polish="never")
     polished = search(MODEL, CLUSTER, TRAINING, cost=COST)
     assert never.prediction.step_s > polished.prediction.step_s * 1.03  # without the grid candidate

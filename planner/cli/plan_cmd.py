@@ -102,8 +102,9 @@ def plan_command(
                                      help="large pools: tighten the bound until the gap is at most this "
                                           "(0.015 = 1.5 %)"),
     polish: str = typer.Option("auto", "--polish",
-                               help="re-solve the best units' plans with tail-capped stage options: auto (when "
-                                    "the gap misses --refine-gap or tails are 5 % of the step), always, never"),
+                               help="re-solve the best units' plans with tail-capped stage options: auto (the two "
+                                    "lowest-bound units; four when the gap misses --refine-gap or tails are 5 % of "
+                                    "the step), always (four), never"),
     chains: str = typer.Option("auto", "--chains",
                                help="also try the most promising FlagScale mesh chains (pipelines of any number "
                                     "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out), "

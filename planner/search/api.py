@@ -187,11 +187,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     split replica classes and finer tail levels; `unit_loop.refine`) until the gap is at most `refine_gap`
     (None: never), the lowest bound cannot be tightened further, or the time limit passes.
 
-    `polish` ("auto", "always", "never"): when the best units' plans are re-solved with
-    tail-capped stage options (`unit_loop.polish`). "always" found faster plans on 4 of 20 pools (the 16
-    bench scenarios and the 8-64 GPU ladder rungs; 0.1-1.3 %) for 10-45 % more search time
-    (`benchmarks/polish_check.py`), so "auto" runs it only where the gap or the tails say it is
-    likely to pay.
+    `polish` ("auto", "always", "never"): how many of the best units' plans are re-solved with
+    tail-capped stage options (`unit_loop.polish`): "auto" the two lowest-bound units, four where
+    the gap target is missed or the tails are large; "always" four. The two found 0.02-1.26 %
+    faster plans on 4 of 20 pools (the 16 bench scenarios and the 8-64 GPU ladder rungs,
+    `benchmarks/polish_check.py`), which a trigger on the gap alone had left unpolished.
 
     Last, on the blocks coverage, the best Megatron grid is searched with the best plan as a
     cutoff and taken if faster (`candidates.add_megatron_grid`), so the answer is never slower than

@@ -96,25 +96,29 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     return False
 
 
-POLISH_UNITS = 4  # lowest-bound units whose plans `polish` re-solves
-POLISH_TAIL_SHARE = 0.05  # ... also when the best plan's tail is at least this share of its step
+POLISH_UNITS = 4  # lowest-bound units whose plans `polish` re-solves when the gap target is missed
+POLISH_TAIL_SHARE = 0.05  # ... or when the best plan's tail is at least this share of its step
+POLISH_SOFT_UNITS = 2  # ... otherwise
 
 
 def polish(ctx: UnitContext, target: float, deadline: float | None, always: bool = False) -> bool:
-    """When refinement leaves the gap above `target`, or the best plan's tail (exposed gradient
-    sync and optimizer step) is a large share of its step, re-solve the plans of the lowest-bound
-    units that could still hold a faster plan with tail-capped plan templates
-    (`units.polish_unit`), in the parent, in bound order (so the answer does not depend on
-    `workers`). Tail-blind options cost most where tails weigh most: on 40 random small pools the
-    plans left up to 0.7 % behind the best Megatron grid all had tails of 6-15 % of the step; the
-    ladder's and the bench's plans have 0.2-3.7 %. `always`: whatever the gap and the tails. True
-    if the deadline stopped it before every such unit was polished."""
+    """Re-solve the plans of the lowest-bound units that could still hold a faster plan with
+    tail-capped plan templates (`units.polish_unit`), in the parent, in bound order (so the answer
+    does not depend on `workers`): `POLISH_UNITS` of them when refinement leaves the gap above
+    `target` or the best plan's tail (exposed gradient sync and optimizer step) is a large share
+    of its step, else `POLISH_SOFT_UNITS` (`always`: `POLISH_UNITS` whatever the gap and tails).
+    Tail-blind options cost most where tails weigh most: on 40 random small pools the plans left up
+    to 0.7 % behind the best Megatron grid all had tails of 6-15 % of the step. Within the target
+    the two lowest units still found 0.02-1.26 % faster plans on 4 of 20 pools (sailor-opt-350m
+    1.26 %, its gap 1.50 %; `benchmarks/polish_check.py`), for 0-2 s more search (about a fifth
+    more on those pools; 2 s on the 64-GPU ladder rung, for 0.02 %). A unit whose bound is
+    within 0.1 % of the best plan is not polished. True if the deadline stopped it before every
+    such unit was polished."""
     top = min(ctx.candidates, key=lambda c: c.step_s)
     best = top.step_s
     lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
-    if not always and best <= (1 + target) * lowest and top.prediction.tail_s < POLISH_TAIL_SHARE * best:
-        return False
-    for su in sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS]:
+    strong = always or best > (1 + target) * lowest or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
+    for su in sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong else POLISH_SOFT_UNITS]:
         best = min(c.step_s for c in ctx.candidates)
         if su.bound_s >= best / (1 + 1e-3):
             break
