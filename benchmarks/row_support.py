@@ -37,7 +37,8 @@ from solvers.assign import SolverStats
 from solvers.assign_lp import lp_support, pipeline_time_bound
 
 
-def lazy_rows(protos: list, avail: tuple[int, ...], microbatches: int) -> tuple[float, float, int, int, int]:
+def lazy_rows(protos: list, avail: tuple[int, ...], microbatches: int
+              ) -> tuple[float | None, float | None, int, int, int]:
     """(full bound, lazy bound, rows, rows expanded, LP rounds) of the cheap bound over `protos`."""
     n_cls = len(avail)
     by_row: dict[tuple, list] = {}
@@ -59,9 +60,11 @@ def lazy_rows(protos: list, avail: tuple[int, ...], microbatches: int) -> tuple[
                                     + [ideal[sk] for sk in real if sk not in expanded])
         problem = _problem(templates, avail, microbatches, replicas)
         bound = pipeline_time_bound(problem, stats)
+        if bound is None:
+            return full, bound, len(by_row), len(expanded), rounds
         used = lp_support(problem, bound * (1 + 1e-6), stats=stats)
         leaning = {templates[k].skeleton for k in np.flatnonzero(used) if templates[k] is ideal[templates[k].skeleton]}
-        if not leaning or bound is None:
+        if not leaning:
             return full, bound, len(by_row), len(expanded), rounds
         expanded |= leaning
 

@@ -217,6 +217,22 @@ def test_a_cut_frontier_keeps_a_valid_bound(zero: int) -> None:
     assert left_out > 0  # the cut really left frontier points out
 
 
+def test_row_support_replay_is_a_relaxation_that_needs_few_rows() -> None:
+    """`benchmarks/row_support.py`: with rows standing in as their ideal points until the LP leans
+    on them, the cheap bound never exceeds the full frontiers' bound and expands only some rows."""
+    from benchmarks.row_support import lazy_rows
+
+    classes = resource_classes(BIG_CLUSTER)
+    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
+    avail = tuple(rc.gpus for rc in classes)
+    provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+                              BIG_CLUSTER.single_node)
+    full, lazy, rows, grown, rounds = lazy_rows(provider.lb_protos, avail, BIG_TRAINING.global_batch)
+    assert full is not None and lazy is not None
+    assert lazy <= full * (1 + 1e-9)
+    assert 0 < grown < rows and rounds >= 2  # some rows expanded, far from all
+
+
 def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
     """`UnitPool.split` replaces a class [lo, hi] by two parts, each solved with tails costed for
     its own lowest count: both bounds are at least the class's, and they cover the class."""

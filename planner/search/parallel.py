@@ -59,10 +59,9 @@ def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
     """The parts a replica class [lo, hi] is split into: [lo, m] and [m + 1, hi] with m about
     1.5 lo; a narrow class (m would be hi - 1, at most `SPLIT_SINGLETONS` counts) into single
     counts at once. Halving a narrow class peels one count off the top and leaves the lower part's
-    bound where it was (its lowest count sets it): on a 35-GPU pool, [9, 13] went through four
-    splits and four refinements of parts whose bound did not move before [9, 9] and [10, 10] were
-    reached (`benchmarks/chain_check.py` pool 38: 42 s, 35 s with single counts, same plan and
-    bound)."""
+    bound where it was (its lowest count sets it): on `benchmarks/chain_check.py`'s slowest pool
+    (35 GPUs), [9, 13] went through four splits and four refinements of parts whose bound did not
+    move before [9, 9] and [10, 10] were reached. The parts' bounds are the same either way."""
     mid = max(lo, min(hi - 1, int(lo * 1.5)))
     if mid >= hi - 1 and hi - lo < SPLIT_SINGLETONS:
         return [(r, r) for r in range(lo, hi + 1)]
