@@ -234,8 +234,9 @@ def test_row_support_replay_is_a_relaxation_that_needs_few_rows() -> None:
 
 
 def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
-    """`UnitPool.split` replaces a class [lo, hi] by two parts, each solved with tails costed for
-    its own lowest count: both bounds are at least the class's, and they cover the class."""
+    """`UnitPool.split` replaces a class [lo, hi] by its parts (`split_counts`: two for a wide
+    class, single counts for a narrow one), each solved with tails costed for its own lowest count:
+    every part's bound is at least the class's, and they cover the class."""
     import time
 
     from planner.search.parallel import UnitPool
@@ -254,10 +255,15 @@ def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
         pool.solve([wide])
         (whole,) = ctx.solved
         pool.split(whole)
-    parts = sorted(ctx.solved, key=lambda su: su.unit.lo)
+        parts = sorted(ctx.solved, key=lambda su: su.unit.lo)
+        narrow = parts[1]
+        pool.split(narrow)
     assert [(su.unit.lo, su.unit.hi) for su in parts] == [(9, 13), (14, 16)]
     assert all(su.bound_s >= whole.bound_s * (1 - 1e-9) for su in parts)
     assert max(su.bound_s for su in parts) > whole.bound_s * (1 + 1e-6)  # costing more pipelines tells
+    singles = sorted((su for su in ctx.solved if su.unit.lo >= 14), key=lambda su: su.unit.lo)
+    assert [(su.unit.lo, su.unit.hi) for su in singles] == [(14, 14), (15, 15), (16, 16)]
+    assert all(su.bound_s >= narrow.bound_s * (1 - 1e-9) for su in singles)
 
 
 def test_general_levels_past_the_deadline_leave_the_groups_as_they_were() -> None:
