@@ -366,6 +366,6 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
 
     assert refine(context(2.0), 0.015, 0.0, pool=None) is True  # gap 100 %, deadline passed
     assert refine(context(1.01), 0.015, 0.0, pool=None) is False  # within the target: nothing was cut
-    assert polish(context(2.0), 0.015, 0.0) is True
-    assert polish(context(1.01), 0.015, 0.0) is True  # within target: the two lowest units, cut short
-    assert polish(context(1.0005), 0.015, 0.0) is False  # nothing to polish: the bound is within 0.1 %
+    assert polish(context(2.0), 0.015, 0.0, pool=None) is True
+    assert polish(context(1.01), 0.015, 0.0, pool=None) is True  # within target: the two lowest units, cut short
+    assert polish(context(1.0005), 0.015, 0.0, pool=None) is False  # nothing to polish: the bound is within 0.1 %

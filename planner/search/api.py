@@ -303,7 +303,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             if candidates and refine_gap is not None:
                 timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
             if candidates and (polish == "always" or (polish == "auto" and refine_gap is not None)):
-                timed_out = polish_phase(ctx, refine_gap or 0.0, deadline, polish == "always") or timed_out
+                timed_out = polish_phase(ctx, refine_gap or 0.0, deadline, pool, polish == "always") or timed_out
         # last, so it can only replace the answer, never change what refinement and polish do
         if candidates and (time_limit is None or time.perf_counter() - start < time_limit):
             grid_start = time.perf_counter()

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.search.templates import PackedTemplates, Template
-from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, refine_unit,
-                                  solve_unit)
+from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, polish_unit,
+                                  refine_unit, solve_unit)
 from solvers.assign import SolverStats
 
 SPLIT_SINGLETONS = 8  # a narrow class (at most this many counts) splits into single counts at once
@@ -168,6 +168,19 @@ def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float
     return mine.bound_s, local.stats.ilp_solves, _packed(mine.lb_set)
 
 
+def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None]
+                 ) -> tuple[list, int, int]:
+    """Polish one solved unit's plan (`units.polish_unit`) against `incumbent_s`: its candidates,
+    LP solves and templates pruned."""
+    assert _SEARCH is not None
+    index, lo, hi, bound_s, lb_set, incumbent_s, deadline = args
+    local = replace(_SEARCH.ctx, candidates=[], stats=SolverStats())
+    u = _unit(index, lo, hi)
+    pruned = u.provider.stats.pruned
+    polish_unit(SolvedUnit(bound_s, u, lb_set), local, incumbent_s, deadline)
+    return local.candidates, local.stats.ilp_solves, u.provider.stats.pruned - pruned
+
+
 def _packed(templates: list[Template] | PackedTemplates) -> PackedTemplates:
     """A solved unit's bound templates as they travel to and from workers and wait in the parent
     (which never reads them): columns, not objects."""
@@ -258,6 +271,18 @@ class UnitPool:
         for su, r, (bound, solves, lb_set) in zip(sus, ratios, outs):
             su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
             self.ctx.stats.ilp_solves += solves
+
+    def polish(self, sus: list[SolvedUnit], deadline: float | None) -> None:
+        """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`),
+        each against the best plan known now; their plans join the candidates in batch order."""
+        best = min(c.step_s for c in self.ctx.candidates)
+        outs, forked = self._map(_polish_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s,
+                                                 su.lb_set, best, deadline) for su in sus])
+        for su, (found, solves, pruned) in zip(sus, outs):
+            self.ctx.candidates.extend(found)
+            self.ctx.stats.ilp_solves += solves
+            if forked:  # in turn, the provider counted them already
+                su.unit.provider.stats.pruned += pruned
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved
