@@ -38,7 +38,7 @@ def _add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, best
         ctx.explored[stat] = 1
 
 
-CHAIN_MAX_DP = 64  # partition DPs of the chain candidate: its most promising chains only
+CHAIN_MAX_DP = 128  # partition DPs of the chain candidate: its most promising chains only
 CHAIN_MAX_GPUS = 64  # "auto" pools: above, many pipelines mix GPU types in the LP instead
 
 
