@@ -172,7 +172,8 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     (as fast as the FlagScale chain search, within the LP's 0.1 % tolerance) and says so in its
     coverage. Without the mesh-chain candidate, the two-run search's answer is the best Megatron
     grid (52.56 s, an A100 -> H100 -> V100 pipeline it adds as a candidate, outside its coverage),
-    still 2.4 % slower; with it, a three-run chain (51.54 s), 0.5 % slower."""
+    still 2.4 % slower; with it, the same three-run pipeline as a chain (51.23 s; with 64 partition
+    DPs instead of `CHAIN_MAX_DP` = 128 the candidate stopped at a chain 0.5 % slower)."""
     from benchmarks.search_scale import ladder_cluster
     from planner.search import search
     from planner.specs.models import get_model
@@ -183,7 +184,7 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     two_chains = search(model, cluster, training, cost=COST, max_blocks=2)
     three = search(model, cluster, training, cost=COST)
     assert two_chains.stats["chain_added"] == 1 and three.stats["chain_added"] == 0
-    assert three.prediction.step_s < two_chains.prediction.step_s < two.prediction.step_s * 0.985
+    assert three.prediction.step_s <= two_chains.prediction.step_s < two.prediction.step_s * 0.985
     chain = search(model, cluster, training, cost=COST, target="flagscale")
     assert three.coverage == "blocks<=3" and two.coverage == "blocks<=2"
     assert three.prediction.step_s < two.prediction.step_s * 0.985

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from planner.costmodel.base import CostModel
-from planner.search.options import OptionContext, build_options, pruned_options
+from planner.search.options import OptionContext, OptionCosting, pruned_options
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.tail_plans import TailPlans
@@ -118,6 +118,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
         self._tails: dict[tuple[int, int], dict[BlockType, StageOptions]] = {}  # see _tail_options
+        self._costing: dict[BlockType, OptionCosting] | None = None  # see _options
 
     @property
     def rows(self) -> dict[tuple[BlockType, ...], list[Row]]:
@@ -208,9 +209,11 @@ class BlocksProvider(TailLevels, TailPlans):
         return self._relaxed
 
     def _options(self, r_sync: int, r_mem: int, tails_only: bool = False) -> dict[BlockType, StageOptions]:
-        ctx = OptionContext(self.model, self.training, self.micro_batch, r_sync, r_mem, self.single_node)
-        return {bt: build_options(self.cost, self.classes[bt.cls], shp, ctx, tails_only)
-                for bt, shp in self.shapes.items()}
+        if self._costing is None:  # per block type, what does not depend on the replica counts
+            ctx = OptionContext(self.model, self.training, self.micro_batch, 1, 1, self.single_node)
+            self._costing = {bt: OptionCosting(self.cost, self.classes[bt.cls], shp, ctx)
+                             for bt, shp in self.shapes.items()}
+        return {bt: c.options(r_sync, r_mem, tails_only) for bt, c in self._costing.items()}
 
     def _tail_options(self, r_sync: int, r_mem: int) -> dict[BlockType, StageOptions]:
         """Stage tails costed for `r_sync` / `r_mem` replicas (`_options(tails_only=True)`); the
