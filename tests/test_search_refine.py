@@ -369,3 +369,32 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
     assert polish(context(2.0), 0.015, 0.0, pool=None) is True
     assert polish(context(1.01), 0.015, 0.0, pool=None) is True  # within target: the two lowest units, cut short
     assert polish(context(1.0005), 0.015, 0.0, pool=None) is False  # nothing to polish: the bound is within 0.1 %
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_option_costing_recosts_any_replica_counts_as_a_fresh_build(zero: int) -> None:
+    """`OptionCosting` keeps the replica-independent parts of every shape's costs and re-costs tails
+    (and, with a distributed optimizer, memory) for each pipeline count asked: after serving other
+    counts it gives exactly what a fresh costing gives, and its tails-only options carry the same
+    tails as its full ones."""
+    import numpy as np
+
+    from planner.search.options import OptionContext, OptionCosting
+
+    training = BIG_TRAINING.model_copy(update={"zero": zero})
+    rc = resource_classes(BIG_CLUSTER)[0]
+    shapes = stage_shapes(BIG_MODEL, training, rc, 2)
+    ctx = OptionContext(BIG_MODEL, training, 2, 1, 1, False)
+    kept = OptionCosting(COST, rc, shapes, ctx)
+    for r_sync, r_mem in ((1, 1), (2, 8), (4, 4), (8, 8), (2, 8)):
+        again = kept.options(r_sync, r_mem)
+        fresh = OptionCosting(COST, rc, shapes, ctx).options(r_sync, r_mem)
+        for name in ("fb", "tail", "mem_fixed", "act"):
+            assert np.array_equal(getattr(again, name), getattr(fresh, name)), name
+        assert np.array_equal(kept.options(r_sync, r_mem, tails_only=True).tail, fresh.tail)
+    # the counts matter: more pipelines, more sync; with ZeRO, less optimizer state per GPU
+    one, eight = kept.options(1, 1), kept.options(8, 8)
+    finite = np.isfinite(one.tail)
+    assert np.all(eight.tail[finite] >= one.tail[finite]) and np.any(eight.tail[finite] > one.tail[finite])
+    if zero:
+        assert np.any(eight.mem_fixed[finite] < one.mem_fixed[finite])
