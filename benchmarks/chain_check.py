@@ -7,7 +7,7 @@ Draws pools of two or three of nine GPU types (1-3 nodes of 1, 2, 4 or 8 GPUs ea
 GPT-Neo-2.7B or Llama-2 7B, global batch 8-128, sequence 1024-4096, ZeRO 0 or 1. Per pool it runs
 the default search, the same with `chains="never"` and `--target flagscale` (every chain, no DP
 cap) and prints their steps and times: what the chain candidate
-(`planner.search.candidates.add_chain_candidate`) gained, what it cost, and how far the default
+(`planner.search.candidates.chain_candidate`) gained, what it cost, and how far the default
 still trails the full chain search. "bound" checks the reported bounds: no FlagScale or Megatron
 plan that lies inside the search's coverage may be faster than the coverage's bound
 (`SearchResult.coverage_bound_s`). Draws that fit nowhere are skipped.

@@ -6,9 +6,9 @@ Draws pools of one to three of seven GPU types (1-2 nodes of 1, 2 or 4 GPUs each
 GPT-Neo-2.7B, global batch 8-64 and sequence 512-2048; searches each with the defaults and prints
 every pool where the plan is slower than the best Megatron grid (`benchmarks.baselines`), over the
 whole pool or one GPU type. The search adds the best Megatron grid as a candidate
-(`planner.search.candidates.add_megatron_grid`), so none should be; the pools where that candidate was the answer's
+(`planner.search.candidates.megatron_grid_candidate`), so none should be; the pools where that candidate was the answer's
 source (the units' own plans trailed it) are counted and printed. `--polish never` turns the plan
-polish off (`planner.search.unit_loop.polish`): what the polish fixes then shows as pools where
+polish off (`planner.search.unit_loop.finish`): what the polish fixes then shows as pools where
 the grid candidate was added. Draws that fit nowhere are skipped.
 """
 

@@ -62,3 +62,32 @@ def test_chains_run_only_where_the_coverage_leaves_pipelines_out() -> None:
     with pytest.raises(HetplanError, match="chains"):
         search(model, ClusterSpec(nodes=[NodeGroup(gpu="A10", nodes=1, gpus_per_node=2)]),
                TrainingSpec(global_batch=8, seq_len=1024), cost=COST, chains="sometimes")
+
+
+def test_a_looser_cutoff_finds_the_same_engine_plans() -> None:
+    """The engine candidates run alongside the polish with the best step before it as their cutoff
+    (`unit_loop.finish`), and are taken only when faster than the final best: a looser cutoff must
+    not lose a plan a tighter one finds. The chain search takes chains in order of bounds that only
+    grow, so the plan under the tight cutoff (the pool above, where the best two-run plan is
+    3.333 s) is the plan under looser ones; so is the best Megatron grid, searched exactly."""
+    from planner.search.api import micro_batch_sizes
+    from planner.search.candidates import chain_candidate, megatron_grid_candidate
+    from planner.search.units import UnitContext
+    from solvers.assign import SolverStats
+
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A10", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="RTX-4090", nodes=3, gpus_per_node=1),
+                                 NodeGroup(gpu="L4", nodes=3, gpus_per_node=4)])
+    model = get_model("llama2-7b")
+    training = TrainingSpec(global_batch=32, seq_len=2048, zero=1, micro_batches=(1,))
+    classes = resource_classes(cluster)
+    ctx = UnitContext(model, training, cluster, classes, COST, tuple(rc.gpus for rc in classes), [], [], set(),
+                      SolverStats(), {})
+    sizes = micro_batch_sizes(training)
+    tight = 3.333
+    chains = [chain_candidate(ctx, sizes, cut) for cut in (tight, tight * 1.02, float("inf"))]
+    assert chains[0] is not None and chains[0][1].step_s < tight
+    assert all(c is not None and c[0].to_json() == chains[0][0].to_json() for c in chains)
+    grids = [megatron_grid_candidate(ctx, sizes, cut) for cut in (float("inf"), 100.0)]
+    assert grids[0] is not None and grids[1] is not None and grids[0][0].to_json() == grids[1][0].to_json()
+    assert megatron_grid_candidate(ctx, sizes, grids[0][1].step_s * 0.999) is None

@@ -113,7 +113,7 @@ def test_the_full_search_is_never_slower_than_the_best_grid() -> None:
     """A random pool (`benchmarks/grid_check.py --seed 6`) where the search's plan trailed the best
     Megatron grid by 0.048 %: the plan LP stops within 0.1 % of its bound, and the grid's split
     (fewer layers with the embedding, so a smaller optimizer tail) is dominated in (A, C). The
-    search takes the best grid as a candidate (`planner.search.candidates.add_megatron_grid`); the
+    search takes the best grid as a candidate (`planner.search.candidates.megatron_grid_candidate`); the
     polish with tail caps at option tails (`tail_plans._levels`) now finds as fast a plan itself,
     so the candidate is added only without the polish."""
     from benchmarks.baselines.megatron_uniform import best_uniform_plan

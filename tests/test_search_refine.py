@@ -353,7 +353,7 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
     not timed out)."""
     from types import SimpleNamespace
 
-    from planner.search.unit_loop import polish, refine
+    from planner.search.unit_loop import finish, refine
     from planner.search.units import Candidate, SolvedUnit, Unit, UnitContext
     from solvers.assign import SolverStats
 
@@ -366,9 +366,12 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
 
     assert refine(context(2.0), 0.015, 0.0, pool=None) is True  # gap 100 %, deadline passed
     assert refine(context(1.01), 0.015, 0.0, pool=None) is False  # within the target: nothing was cut
-    assert polish(context(2.0), 0.015, 0.0, pool=None) is True
-    assert polish(context(1.01), 0.015, 0.0, pool=None) is True  # within target: the two lowest units, cut short
-    assert polish(context(1.0005), 0.015, 0.0, pool=None) is False  # nothing to polish: the bound is within 0.1 %
+    def polish(ctx: UnitContext) -> bool:
+        return finish(ctx, 0.015, 0.0, pool=None, sizes=[1], polish="auto", engines=[])[0]
+
+    assert polish(context(2.0)) is True
+    assert polish(context(1.01)) is True  # within target: the two lowest units, cut short
+    assert polish(context(1.0005)) is False  # nothing to polish: the bound is within 0.1 %
 
 
 @pytest.mark.parametrize("zero", [0, 1])

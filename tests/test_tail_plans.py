@@ -1,5 +1,5 @@
 """Tail-capped plan templates (`planner.search.tail_plans`) and the polish step that uses them when
-the gap target is missed (`unit_loop.polish`)."""
+the gap target is missed (`unit_loop.finish`)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ TRAINING = TrainingSpec(global_batch=8, seq_len=1024)
 def no_grid_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The search without its Megatron-grid and mesh-chain candidates (`planner.search.candidates`),
     which find the plans of these pools on their own: what the polish does, alone."""
-    import planner.search.api as api
+    from planner.search.candidates import ENGINE_CANDIDATES
 
-    monkeypatch.setattr(api, "add_megatron_grid", lambda ctx, sizes: None)
-    monkeypatch.setattr(api, "add_chain_candidate", lambda ctx, sizes: None)
+    for name in ("megatron_grid", "chain"):
+        monkeypatch.setitem(ENGINE_CANDIDATES, name, lambda ctx, sizes, cutoff_s: None)
 
 
 def test_polish_finds_the_plan_tail_blind_options_miss(no_grid_candidate: None) -> None:

@@ -31,14 +31,13 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s
-from planner.search.candidates import add_chain_candidate, add_megatron_grid, wants_chains
+from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.unit_loop import Progress, best_first, refine
-from planner.search.unit_loop import polish as polish_phase
+from planner.search.unit_loop import Progress, best_first, finish, refine
 from planner.search.units import Candidate, Unit, UnitContext, coverage_rank, mixed_lengths, solve_unit
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -188,18 +187,19 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     (None: never), the lowest bound cannot be tightened further, or the time limit passes.
 
     `polish` ("auto", "always", "never"): how many of the best units' plans are re-solved with
-    tail-capped stage options (`unit_loop.polish`): "auto" the two lowest-bound units, four where
+    tail-capped stage options (`unit_loop.finish`): "auto" the two lowest-bound units, four where
     the gap target is missed or the tails are large; "always" four. The two found 0.02-1.26 %
     faster plans on 4 of 20 pools (the 16 bench scenarios and the 8-64 GPU ladder rungs,
     `benchmarks/polish_check.py`), which a trigger on the gap alone had left unpolished.
 
-    Last, on the blocks coverage, the best Megatron grid is searched with the best plan as a
-    cutoff and taken if faster (`candidates.add_megatron_grid`), so the answer is never slower than
-    any grid (on the exact coverage the grids are inside the exactly solved space). Then `chains`
-    ("auto", "always", "never"): the most promising FlagScale mesh chains
-    (`candidates.add_chain_candidate`), pipelines of any number of runs the coverage may leave out;
-    "auto" runs it on pools of at most 64 GPUs with more GPU classes than the coverage's runs, or
-    whose coverage caps mixed pipelines.
+    Last, on the blocks coverage, alongside the polish and with the best plan before it as a
+    cutoff (`unit_loop.finish`), the best Megatron grid is searched and taken if faster than the
+    final best plan (`candidates.megatron_grid_candidate`), so the answer is never slower than any
+    grid (on the exact coverage the grids are inside the exactly solved space); so are, with
+    `chains` ("auto", "always", "never"), the most promising FlagScale mesh chains
+    (`candidates.chain_candidate`), pipelines of any number of runs the coverage may leave out:
+    "auto" runs them on pools of at most 64 GPUs with more GPU classes than the coverage's runs,
+    or whose coverage caps mixed pipelines.
 
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
@@ -302,18 +302,14 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             deadline = None if time_limit is None else start + time_limit
             if candidates and refine_gap is not None:
                 timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
-            if candidates and (polish == "always" or (polish == "auto" and refine_gap is not None)):
-                timed_out = polish_phase(ctx, refine_gap or 0.0, deadline, pool, polish == "always") or timed_out
-        # last, so it can only replace the answer, never change what refinement and polish do
-        if candidates and (time_limit is None or time.perf_counter() - start < time_limit):
-            grid_start = time.perf_counter()
-            add_megatron_grid(ctx, sizes)
-            grid_s = time.perf_counter() - grid_start
-        if candidates and wants_chains(chains, coverages, classes) and (
-                time_limit is None or time.perf_counter() - start < time_limit):
-            chain_start = time.perf_counter()
-            add_chain_candidate(ctx, sizes)
-            chain_s = time.perf_counter() - chain_start
+            if candidates:
+                # last, so they can only replace the answer, never change what refinement does
+                engines = [] if deadline is not None and time.perf_counter() > deadline else (
+                    ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes) else []))
+                mode = polish if polish == "always" or (polish == "auto" and refine_gap is not None) else None
+                cut, seconds = finish(ctx, refine_gap or 0.0, deadline, pool, sizes, mode, engines)
+                timed_out = cut or timed_out
+                grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons

@@ -1,9 +1,10 @@
 """Plans from engine-restricted searches, added to the full search's candidates when faster.
 
-They run last, with the best plan's step as a cutoff, so they only replace the answer: the best
-Megatron grid (the issue's "never slower than the best uniform Megatron plan", by construction)
-and the most promising FlagScale mesh chains (pipelines of any number of runs, which the blocks
-coverage caps). Their plans may lie outside the bound's coverage; `api._outside_coverage` says so.
+They run last, alongside the plan polish (`unit_loop.finish`) with the best step before it as a
+cutoff, and are taken only when faster than the final best plan, so they only replace the answer:
+the best Megatron grid (the issue's "never slower than the best uniform Megatron plan", by
+construction) and the most promising FlagScale mesh chains (pipelines of any number of runs, which
+the blocks coverage caps). Their plans may lie outside the bound's coverage; `api._outside_coverage` says so.
 """
 
 from __future__ import annotations
@@ -13,25 +14,24 @@ from planner.search.space import ResourceClass
 from planner.search.units import Candidate, UnitContext, coverage_rank
 
 
-def add_megatron_grid(ctx: UnitContext, sizes: list[int]) -> None:
-    """Add the best Megatron grid as a candidate when it beats the best plan found, so the answer
-    is never slower than any grid: the grids' space is not inside the blocks coverage's (their
-    pipelines may run through several GPU types in file order), and the plan LP stops within 0.1 %
-    of its bound, which let plans trail a grid by up to 0.05 % on random small pools
-    (`benchmarks/grid_check.py --seed 6`). With the best step as a cutoff every grid is pruned by
-    bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs, 0.4-0.5 s from 128 to 16,384 on the
-    ladder pools (stat `megatron_grid_s`). Run last, it can only replace the answer of refinement
-    and the polish."""
+def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float) -> tuple[Plan, Prediction] | None:
+    """The best Megatron grid if it beats `cutoff_s` (`megatron_grid.best_megatron_plan`), taken
+    when it beats the best plan (`add_if_faster`), so the answer is never slower than any grid: the
+    grids' space is not inside the blocks coverage's (their pipelines may run through several GPU
+    types in file order), and the plan LP stops within 0.1 % of its bound, which let plans trail a
+    grid by up to 0.05 % on random small pools (`benchmarks/grid_check.py --seed 6`). With a
+    cutoff every grid is pruned by bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs,
+    0.4-0.5 s from 128 to 16,384 on the ladder pools (stat `megatron_grid_s`). It can only
+    replace the answer of refinement and the polish."""
     from planner.search.megatron_grid import best_megatron_plan
 
+    return best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
+
+
+def add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, stat: str) -> None:
+    """Add `found` as a candidate when strictly faster than the best plan (a tie adds nothing),
+    counted in `stat`."""
     best = min(c.step_s for c in ctx.candidates)
-    _add_if_faster(ctx, best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best),
-                   best, "megatron_grid_added")
-
-
-def _add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, best: float, stat: str) -> None:
-    """Add `found` as a candidate when strictly faster than `best` (a tie adds nothing), counted in
-    `stat`."""
     if found is not None and found[1].step_s < best:
         plan, pred = found
         ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
@@ -57,16 +57,20 @@ def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass])
     return sum(rc.gpus for rc in classes) <= CHAIN_MAX_GPUS and left_out
 
 
-def add_chain_candidate(ctx: UnitContext, sizes: list[int]) -> None:
-    """Add the best of the most promising FlagScale mesh chains (`flagscale_grid`, best-first by
-    bound, `CHAIN_MAX_DP` partition DPs, pruned by the best step) when it beats the best plan. A
-    chain is one pipeline template, replicated, of meshes each on one GPU type with its own tp and
-    stage dp: any number of runs, which the blocks coverage caps. On 40 random pools of two or
-    three types (`benchmarks/chain_check.py`) it found plans up to 5.5 % faster, where three-run
-    pipelines of eight stages use every GPU; the first 64 DPs found the best chain there."""
+def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float) -> tuple[Plan, Prediction] | None:
+    """The best of the most promising FlagScale mesh chains (`flagscale_grid`, best-first by
+    bound, `CHAIN_MAX_DP` partition DPs, pruned by `cutoff_s`), to take when it beats the best plan
+    (`add_if_faster`). A chain is one pipeline template, replicated, of meshes each on one GPU
+    type with its own tp and stage dp: any number of runs, which the blocks coverage caps. On 40
+    random pools of two or three types (`benchmarks/chain_check.py`) it found plans up to 5.5 %
+    faster, where three-run pipelines of eight stages use every GPU. Chains are taken in order of
+    their bounds, which only grow from a chain to what it is refined into, so a looser cutoff
+    only adds work after every chain that could beat a tighter one (`unit_loop.finish` runs it
+    against the best plan before the polish)."""
     from planner.search.flagscale_grid import best_flagscale_plan
 
-    best = min(c.step_s for c in ctx.candidates)
-    found = best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=best,
-                                max_dp=CHAIN_MAX_DP, grid=False)
-    _add_if_faster(ctx, found, best, "chain_added")
+    return best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s,
+                               max_dp=CHAIN_MAX_DP, grid=False)
+
+
+ENGINE_CANDIDATES = {"megatron_grid": megatron_grid_candidate, "chain": chain_candidate}

@@ -321,7 +321,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     `cutoff_s`: chains whose bound reaches it are pruned as if a plan that fast were known;
     `max_dp`: the most partition-DP runs; `grid`: False leaves out the Megatron grid it otherwise
     adds where the chains may miss it (the full search's chain candidate,
-    `candidates.add_chain_candidate`, takes the most promising chains only, after its own grid)."""
+    `candidates.chain_candidate`, takes the most promising chains only, after its own grid)."""
     classes = resource_classes(cluster)
     if not classes:
         return None

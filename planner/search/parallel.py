@@ -18,9 +18,11 @@ same work in turn.
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from planner.search.candidates import ENGINE_CANDIDATES
 from planner.search.templates import PackedTemplates, Template
 from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, polish_unit,
                                   refine_unit, solve_unit)
@@ -181,6 +183,18 @@ def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float
     return local.candidates, local.stats.ilp_solves, u.provider.stats.pruned - pruned
 
 
+def _finish_task(args: tuple) -> tuple:
+    """A polish (`_polish_task`) or an engine candidate (`candidates.ENGINE_CANDIDATES`: its plan
+    or None, and its seconds), so both share one batch of worker tasks."""
+    assert _SEARCH is not None
+    if args[0] == "polish":
+        return _polish_task(args[1:])
+    _, name, sizes, cutoff_s = args
+    start = time.perf_counter()
+    found = ENGINE_CANDIDATES[name](_SEARCH.ctx, sizes, cutoff_s)
+    return found, time.perf_counter() - start
+
+
 def _packed(templates: list[Template] | PackedTemplates) -> PackedTemplates:
     """A solved unit's bound templates as they travel to and from workers and wait in the parent
     (which never reads them): columns, not objects."""
@@ -272,17 +286,22 @@ class UnitPool:
             su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
             self.ctx.stats.ilp_solves += solves
 
-    def polish(self, sus: list[SolvedUnit], deadline: float | None) -> None:
-        """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`),
-        each against the best plan known now; their plans join the candidates in batch order."""
+    def finish(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
+               ) -> list[tuple[object, float]]:
+        """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`)
+        and run the named engine candidates, all in one batch of tasks and each against the best
+        plan known now. Polished plans join the candidates in batch order; the engine candidates'
+        (plan or None, seconds) are returned, in `engines` order, for the caller to take."""
         best = min(c.step_s for c in self.ctx.candidates)
-        outs, forked = self._map(_polish_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s,
-                                                 su.lb_set, best, deadline) for su in sus])
+        tasks = [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
+                 for su in sus] + [("engine", name, sizes, best) for name in engines]
+        outs, forked = self._map(_finish_task, tasks)
         for su, (found, solves, pruned) in zip(sus, outs):
             self.ctx.candidates.extend(found)
             self.ctx.stats.ilp_solves += solves
             if forked:  # in turn, the provider counted them already
                 su.unit.provider.stats.pruned += pruned
+        return outs[len(sus):]
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved

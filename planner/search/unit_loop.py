@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from planner.search.candidates import add_if_faster
 from planner.search.parallel import UNIT_BATCH, UnitPool
 from planner.search.units import Unit, UnitContext, skip_units
 
@@ -101,33 +102,56 @@ POLISH_TAIL_SHARE = 0.05  # ... or when the best plan's tail is at least this sh
 POLISH_SOFT_UNITS = 2  # ... otherwise
 
 
-def polish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool, always: bool = False) -> bool:
-    """Re-solve the plans of the lowest-bound units that could still hold a faster plan with
+def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool, sizes: list[int],
+           polish: str | None, engines: list[str]) -> tuple[bool, dict[str, float]]:
+    """The last phase: the plan polish (`polish` "auto" or "always"; None: none) and the engine
+    candidates (`candidates.ENGINE_CANDIDATES` in `engines`), which run alongside its first batch.
+
+    Polish: re-solve the plans of the lowest-bound units that could still hold a faster plan with
     tail-capped plan templates (`units.polish_unit`), in bound order, `UNIT_BATCH` at a time, each
     batch against the best plan when it starts (so the answer does not depend on `workers`):
     `POLISH_UNITS` of them when refinement leaves the gap above `target` or the best plan's tail
     (exposed gradient sync and optimizer step) is a large share of its step, else
-    `POLISH_SOFT_UNITS` (`always`: `POLISH_UNITS` whatever the gap and tails).
+    `POLISH_SOFT_UNITS` ("always": `POLISH_UNITS` whatever the gap and tails).
     Tail-blind options cost most where tails weigh most: on 40 random small pools the plans left up
     to 0.7 % behind the best Megatron grid all had tails of 6-15 % of the step. Within the target
     the two lowest units still found 0.02-1.26 % faster plans on 4 of 20 pools (sailor-opt-350m
     1.26 %, its gap 1.50 %; `benchmarks/polish_check.py`), for 0-2 s more search (about a fifth
     more on those pools; 2 s on the 64-GPU ladder rung, for 0.02 %, when units were polished one
     after the other in the parent). A unit whose bound is within 0.1 % of the best plan is not
-    polished. True if the deadline stopped it before every such unit was polished."""
+    polished.
+
+    Engine candidates use the best step before the polish as their cutoff and are taken, in
+    `engines` order, only when faster than the best plan after it: a looser cutoff changes what
+    they may spend, not which plan faster than the final best they find (`candidates`).
+
+    Returns whether the deadline stopped the polish before every such unit was polished, and the
+    seconds each engine candidate took."""
     top = min(ctx.candidates, key=lambda c: c.step_s)
     best = top.step_s
     lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
-    strong = always or best > (1 + target) * lowest or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
-    todo = sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong else POLISH_SOFT_UNITS]
-    while todo:
+    strong = polish == "always" or best > (1 + target) * lowest or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
+    todo = [] if polish is None else sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong
+                                                                                   else POLISH_SOFT_UNITS]
+    engine_found: list[tuple[object, float]] = []
+    timed_out, first = False, True
+    while True:
         best = min(c.step_s for c in ctx.candidates)
         batch = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + 1e-3)]
-        if not batch:
-            break  # bound order: no later unit can beat the best plan either
-        if deadline is not None and time.perf_counter() > deadline:
-            return True
-        pool.polish(batch, deadline)
+        if batch and deadline is not None and time.perf_counter() > deadline:
+            timed_out, batch = True, []
+        run = engines if first else []
+        if not batch and not run:
+            break
+        out = pool.finish(batch, run, sizes, deadline)
+        engine_found = out if first else engine_found
         ctx.explored["units_polished"] += len(batch)
+        first = False
+        if not batch:
+            break  # bound order: no later unit can beat the best plan either (or the deadline passed)
         todo = todo[UNIT_BATCH:]
-    return False
+    seconds: dict[str, float] = {}
+    for name, (plan, spent) in zip(engines, engine_found):
+        add_if_faster(ctx, plan, f"{name}_added")
+        seconds[name] = spent
+    return timed_out, seconds

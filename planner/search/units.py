@@ -242,7 +242,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
 def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> None:
     """Re-solve a unit's plan with tail-capped plan templates added (`TailPlans`) for the skeleton
     groups its bound leans on and those its plan LP reaches the incumbent with, adding the plan.
-    For when the gap target is missed or tails weigh heavily (`unit_loop.polish`): refining the bound
+    For when the gap target is missed or tails weigh heavily (`unit_loop.finish`): refining the bound
     cannot help where tail-blind stage options made the plan slow."""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
