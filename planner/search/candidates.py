@@ -4,7 +4,8 @@ They run last, alongside the plan polish (`unit_loop.finish`) with the best step
 cutoff, and are taken only when faster than the final best plan, so they only replace the answer:
 the best Megatron grid (the issue's "never slower than the best uniform Megatron plan", by
 construction) and the most promising FlagScale mesh chains (pipelines of any number of runs, which
-the blocks coverage caps). Their plans may lie outside the bound's coverage; `api._outside_coverage` says so.
+the blocks coverage caps). Their plans may lie outside the bound's coverage;
+`api._outside_coverage` says so.
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float) -> tupl
     (`add_if_faster`). A chain is one pipeline template, replicated, of meshes each on one GPU
     type with its own tp and stage dp: any number of runs, which the blocks coverage caps. On 40
     random pools of two or three types (`benchmarks/chain_check.py`) it found plans up to 5.5 %
-    faster, where three-run pipelines of eight stages use every GPU. Chains are taken in order of
-    their bounds, which only grow from a chain to what it is refined into, so a looser cutoff
-    only adds work after every chain that could beat a tighter one (`unit_loop.finish` runs it
-    against the best plan before the polish)."""
+    faster, where three-run pipelines of eight stages use every GPU. Its queue is taken in order
+    of bounds that every chain behind an entry costs at least, so under a looser cutoff the chains
+    that beat a tighter one come from the same DPs in the same order, before any extra work
+    (`unit_loop.finish` runs it against the best plan before the polish)."""
     from planner.search.flagscale_grid import best_flagscale_plan
 
     return best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s,
