@@ -13,7 +13,7 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -426,7 +426,7 @@ class BlocksProvider(TailLevels, TailPlans):
     def resolved(self, t: Template) -> Template:
         """A plan template with its stages (`templates` leaves them out: most templates are
         never part of a plan)."""
-        return t if t.proto is None or t.stages else replace(t, stages=self._template_stages(t.proto))
+        return t if t.proto is None or t.stages else t._replace(stages=self._template_stages(t.proto))
 
     def _template_stages(self, i: int) -> tuple[TemplateStage, ...]:
         """Stages of plan proto i (built when a plan first uses it)."""

@@ -41,11 +41,12 @@ class Candidate:
 
 def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: int,
              replicas: tuple[int, int]) -> AssignProblem:
+    # one pass over the (named-tuple) templates, column by column
+    usage, a_s, c_s, e_s, caps = list(zip(*templates))[:5] if templates else ((),) * 5
     return AssignProblem(
-        a_s=np.array([t.a_s for t in templates]), c_s=np.array([t.c_s for t in templates]),
-        e_s=np.array([t.e_s for t in templates]),
-        max_microbatches=np.array([t.max_microbatches or BIG_M for t in templates], dtype=np.int64),
-        usage=np.array([t.usage for t in templates], dtype=np.int64).reshape(len(templates), len(avail)),
+        a_s=np.array(a_s, dtype=float), c_s=np.array(c_s, dtype=float), e_s=np.array(e_s, dtype=float),
+        max_microbatches=np.array([m or BIG_M for m in caps], dtype=np.int64),
+        usage=np.array(usage, dtype=np.int64).reshape(len(templates), len(avail)),
         avail=np.array(avail, dtype=np.int64), microbatches=microbatches, replicas=replicas)
 
 
