@@ -250,8 +250,9 @@ def _fill(p: AssignProblem, counts: np.ndarray, order: np.ndarray, nonzero: list
     out = counts.copy()
     left = [int(v) for v in p.avail - out @ p.usage]
     room_copies = min(p.replicas[1], p.microbatches) - int(out.sum())
+    gpus_left = sum(left)
     for i in order.tolist():
-        if room_copies <= 0:
+        if room_copies <= 0 or gpus_left <= 0:  # every template uses some GPU
             break
         use = nonzero[i]
         room = min((left[k] // u for k, u in use), default=0)
@@ -261,6 +262,7 @@ def _fill(p: AssignProblem, counts: np.ndarray, order: np.ndarray, nonzero: list
             room_copies -= take
             for k, u in use:
                 left[k] -= take * u
+                gpus_left -= take * u
     return out
 
 
