@@ -12,7 +12,7 @@ import numpy as np
 
 from planner.search.candidates import add_if_faster
 from planner.search.parallel import UNIT_BATCH, UnitPool
-from planner.search.units import Unit, UnitContext, skip_units
+from planner.search.units import SolvedUnit, Unit, UnitContext, skip_units
 
 Progress = Callable[[float, str], None]
 
@@ -133,23 +133,27 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     strong = polish == "always" or best > (1 + target) * lowest or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
     todo = [] if polish is None else sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong
                                                                                    else POLISH_SOFT_UNITS]
-    engine_found: list[tuple[object, float]] = []
-    timed_out, first = False, True
-    while True:
+    timed_out = False
+
+    def next_batch() -> list[SolvedUnit]:
+        """The next units to polish; none once one cannot beat the best plan (bound order: no
+        later one can either) or the deadline has passed."""
+        nonlocal todo, timed_out
         best = min(c.step_s for c in ctx.candidates)
-        batch = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + 1e-3)]
+        batch, todo = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + 1e-3)], todo[UNIT_BATCH:]
         if batch and deadline is not None and time.perf_counter() > deadline:
             timed_out, batch = True, []
-        run = engines if first else []
-        if not batch and not run:
-            break
-        out = pool.finish(batch, run, sizes, deadline)
-        engine_found = out if first else engine_found
+        if len(batch) < UNIT_BATCH:
+            todo = []
+        return batch
+
+    batch = next_batch()
+    engine_found = pool.finish(batch, engines, sizes, deadline) if batch or engines else []
+    while batch:
         ctx.explored["units_polished"] += len(batch)
-        first = False
-        if not batch:
-            break  # bound order: no later unit can beat the best plan either (or the deadline passed)
-        todo = todo[UNIT_BATCH:]
+        batch = next_batch()
+        if batch:
+            pool.finish(batch, [], sizes, deadline)
     seconds: dict[str, float] = {}
     for name, (plan, spent) in zip(engines, engine_found):
         add_if_faster(ctx, plan, f"{name}_added")
