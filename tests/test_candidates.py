@@ -43,8 +43,8 @@ def test_chain_candidate_uses_every_gpu_type_in_one_pipeline() -> None:
 
 def test_chains_run_only_where_the_coverage_leaves_pipelines_out() -> None:
     """"auto": on pools of at most 64 GPUs when the pool has more GPU classes than the coverage's
-    runs, or mixed pipelines are capped in length; never on the exact coverage; an unknown mode is
-    refused."""
+    runs, or mixed pipelines are capped in length, or the gap is above the refinement target;
+    never on the exact coverage; an unknown mode is refused."""
     three = resource_classes(ClusterSpec(nodes=[NodeGroup(gpu=g, nodes=1, gpus_per_node=2)
                                                 for g in ("A10", "L4", "T4")]))
     assert wants_chains("auto", {"blocks<=2"}, three)
@@ -58,6 +58,10 @@ def test_chains_run_only_where_the_coverage_leaves_pipelines_out() -> None:
     big = resource_classes(ClusterSpec(nodes=[NodeGroup(gpu=g, nodes=3, gpus_per_node=8)
                                               for g in ("A10", "L4", "T4")]))  # 72 GPUs
     assert not wants_chains("auto", {"blocks<=2"}, big) and wants_chains("always", {"blocks<=2"}, big)
+    # a gap left above the refinement target opens "auto" on small pools whatever the coverage
+    assert wants_chains("auto", {"blocks<=2"}, three[:2], gap_open=True)
+    assert not wants_chains("auto", {"blocks<=2"}, big, gap_open=True)
+    assert not wants_chains("never", {"blocks<=2"}, three[:2], gap_open=True)
     model = get_model("opt-350m")
     with pytest.raises(HetplanError, match="chains"):
         search(model, ClusterSpec(nodes=[NodeGroup(gpu="A10", nodes=1, gpus_per_node=2)]),
@@ -91,3 +95,25 @@ def test_a_looser_cutoff_finds_the_same_engine_plans() -> None:
     grids = [megatron_grid_candidate(ctx, sizes, cut) for cut in (float("inf"), 100.0)]
     assert grids[0] is not None and grids[1] is not None and grids[0][0].to_json() == grids[1][0].to_json()
     assert megatron_grid_candidate(ctx, sizes, grids[0][1].step_s * 0.999) is None
+
+
+def test_chains_run_where_the_gap_stays_open() -> None:
+    """Llama-2 7B, global batch 128, ZeRO 1, on one node of 2 H100 + two nodes of 4 RTX-3090
+    (random pool 28 of `benchmarks/chain_check.py --seed 11`): two GPU types, so the blocks<=2
+    coverage leaves no pipeline out, but refinement ends at a gap of 2.1 % (18.129 s against a
+    bound of 17.750 s). Two copies of RTX-3090 (tp 2) -> RTX-3090 (tp 2) -> H100, inside the
+    coverage, run 18.107 s, with half the exposed tail: the split frontiers are costed without
+    tails, the chains with them. With the chains run on an open gap the search finds it, as
+    `--target flagscale` does; `chains="never"` shows the plan it had."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=2),
+                                 NodeGroup(gpu="RTX-3090", nodes=2, gpus_per_node=4)])
+    model = get_model("llama2-7b")
+    training = TrainingSpec(global_batch=128, seq_len=4096, zero=1)
+    res = search(model, cluster, training, cost=COST)
+    without = search(model, cluster, training, cost=COST, chains="never")
+    chain = search(model, cluster, training, cost=COST, target="flagscale")
+    assert res.coverage == without.coverage == "blocks<=2"
+    assert without.gap > 0.015  # the refinement target
+    assert res.stats["chain_added"] == 1
+    assert res.prediction.step_s <= chain.prediction.step_s * (1 + 1e-9) < without.prediction.step_s
+    assert res.lower_bound_s == without.lower_bound_s <= res.prediction.step_s

@@ -43,19 +43,20 @@ CHAIN_MAX_DP = 128  # partition DPs of the chain candidate: its most promising c
 CHAIN_MAX_GPUS = 64  # "auto" pools: above, many pipelines mix GPU types in the LP instead
 
 
-def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass]) -> bool:
+def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass], gap_open: bool = False) -> bool:
     """Whether the mesh-chain candidate runs: "auto" on pools of at most `CHAIN_MAX_GPUS` GPUs
     where the blocks coverage leaves out some pipelines (more GPU classes than its runs, or mixed
-    pipelines capped in length). On the ladder pools of 128-16,384 GPUs it took 1.0-2.8 s and never
-    won (`benchmarks/search_scale.py --chains always`); on random pools of 4-36 GPUs it won up to
-    5.5 % (`benchmarks/chain_check.py`)."""
+    pipelines capped in length), or where refinement left the gap above its target (`gap_open`:
+    the chains are costed with their real tails, which the split frontiers leave out). On the
+    ladder pools of 128-16,384 GPUs it took 1.0-2.8 s and never won (`benchmarks/search_scale.py
+    --chains always`); on random pools of 4-36 GPUs it won up to 5.5 % (`benchmarks/chain_check.py`)."""
     if chains == "never" or not coverages or "exact" in coverages:
         return False
     if chains == "always":
         return True
     narrowest = min(coverages, key=coverage_rank)
     left_out = coverage_rank(narrowest)[0] < len(classes) or "mixed<=" in narrowest
-    return sum(rc.gpus for rc in classes) <= CHAIN_MAX_GPUS and left_out
+    return sum(rc.gpus for rc in classes) <= CHAIN_MAX_GPUS and (left_out or gap_open)
 
 
 def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float) -> tuple[Plan, Prediction] | None:
