@@ -107,7 +107,8 @@ def plan_command(
                                     "the step), always (four), never"),
     chains: str = typer.Option("auto", "--chains",
                                help="also try the most promising FlagScale mesh chains (pipelines of any number "
-                                    "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out), "
+                                    "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out or whose "
+                                    "gap stays above --refine-gap), "
                                     "always, never"),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
                                 help="processes for the split frontiers (large pools); the plan does not depend on it"),

@@ -199,7 +199,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     `chains` ("auto", "always", "never"), the most promising FlagScale mesh chains
     (`candidates.chain_candidate`), pipelines of any number of runs the coverage may leave out:
     "auto" runs them on pools of at most 64 GPUs with more GPU classes than the coverage's runs,
-    or whose coverage caps mixed pipelines.
+    whose coverage caps mixed pipelines, or whose gap refinement left above `refine_gap`.
 
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
