@@ -94,7 +94,7 @@ def plan_command(
     zero: int = typer.Option(0, "--zero", min=0, max=3, help="0 plain DP, 1 distributed optimizer, 2, 3"),
     recompute: str = typer.Option("none,selective,full", "--recompute", help="modes the search may use"),
     micro_batches: str | None = typer.Option(None, "--micro-batches", help="microbatch sizes, e.g. 1,2,4"),
-    time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap"),
+    time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap (checked between pieces of work: the first plan may take longer)"),
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(3, "--max-blocks", min=1, max=3,
                                    help="runs of identical groups per pipeline (large pools)"),
