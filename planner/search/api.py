@@ -306,7 +306,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 # last, so they can only replace the answer, never change what refinement does
                 best_s = min(c.step_s for c in candidates)
                 lowest = min([su.bound_s for su in ctx.solved] + bounds, default=best_s)
-                gap_open = best_s > (1 + (refine_gap or 0.0)) * lowest
+                gap_open = refine_gap is not None and best_s > (1 + refine_gap) * lowest
                 engines = [] if deadline is not None and time.perf_counter() > deadline else (
                     ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes, gap_open) else []))
                 mode = polish if polish == "always" or (polish == "auto" and refine_gap is not None) else None
