@@ -94,7 +94,9 @@ def plan_command(
     zero: int = typer.Option(0, "--zero", min=0, max=3, help="0 plain DP, 1 distributed optimizer, 2, 3"),
     recompute: str = typer.Option("none,selective,full", "--recompute", help="modes the search may use"),
     micro_batches: str | None = typer.Option(None, "--micro-batches", help="microbatch sizes, e.g. 1,2,4"),
-    time_limit: float | None = typer.Option(None, "--time-limit", min=0.01, help="seconds; best plan so far + gap (checked between pieces of work: the first plan may take longer)"),
+    time_limit: float | None = typer.Option(None, "--time-limit", min=0.01,
+                                            help="seconds; best plan so far + gap (checked between pieces "
+                                                 "of work: the first plan may take longer)"),
     solver: str = typer.Option("cpsat", "--solver", help="assignment ILP: cpsat, cbc or highs"),
     max_blocks: int = typer.Option(3, "--max-blocks", min=1, max=3,
                                    help="runs of identical groups per pipeline (large pools)"),
@@ -107,9 +109,8 @@ def plan_command(
                                     "the step), always (four), never"),
     chains: str = typer.Option("auto", "--chains",
                                help="also try the most promising FlagScale mesh chains (pipelines of any number "
-                                    "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out or whose "
-                                    "gap stays above --refine-gap), "
-                                    "always, never"),
+                                    "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out "
+                                    "or whose gap stays above --refine-gap), always, never"),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), "--workers", min=1,
                                 help="processes for the split frontiers (large pools); the plan does not depend on it"),
     profiles: Path | None = PROFILES_OPT,
