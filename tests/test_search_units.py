@@ -287,3 +287,30 @@ def test_groups_span_whole_nodes_only_when_the_cluster_allows_it() -> None:
                 assert len(nodes) == size // 4 and all(sum(1 for n, _ in got if n == name) == 4 for name in nodes)
             taken += got
         assert len(set(taken)) == rc.gpus
+
+
+def test_search_phases_times_each_phase_and_leaves_the_search_as_it_was(capsys, monkeypatch) -> None:
+    """`benchmarks/search_phases.py` on the 8-GPU ladder rung: one row whose phases follow each other
+    within the search's time, with the plan the unwrapped search returns; afterwards `api` holds
+    its own phases again."""
+    import sys
+
+    from benchmarks import search_phases
+    from benchmarks.search_scale import ladder_cluster
+    from planner.search import api
+    from planner.specs.models import get_model
+
+    originals = {name: getattr(api, name) for name in search_phases.PHASES}
+    monkeypatch.setattr(sys, "argv", ["search_phases.py", "--gpus", "8", "--workers", "1"])
+    search_phases.main()
+    cells = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].strip("|").split("|")]
+    assert cells[0] == "8"
+    spans = [tuple(map(float, c.split("-"))) for c in cells[2:2 + len(search_phases.PHASES)]]
+    ends = [0.0] + [end for _, end in spans]
+    assert all(prev <= start <= end for prev, (start, end) in zip(ends, spans))
+    assert spans[-1][1] <= float(cells[1])
+    assert all(getattr(api, name) is fn for name, fn in originals.items())
+    model = get_model("llama2-13b")
+    plain = api.search(model, ladder_cluster(8), TrainingSpec(global_batch=256, seq_len=model.seq_len),
+                       cost=AnalyticCostModel())
+    assert cells[-2] == f"{plain.prediction.step_s:.4f}"

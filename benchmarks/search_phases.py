@@ -1,0 +1,75 @@
+"""Where a search's wall time goes, phase by phase, on the ladder's pools.
+
+    python benchmarks/search_phases.py [--gpus 16 32 64] [--workers 2] [--time-limit 120]
+
+Runs `planner.search` on `search_scale.ladder_cluster(g)` (Llama-2 13B, global batch
+max(256, 4g)) and prints, per pool, when each large-pool phase of `api.search` started and ended
+(seconds from the call): the split frontiers (`prefetch_frontiers`), the best-first units
+(`best_first`), refinement (`refine`) and the polish with the engine candidates (`finish`); the
+time before the frontiers is setup (stage shapes, skeletons), the time after `finish` the result's
+assembly. The phases are wrapped, not changed: the plan is the search's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.search_scale import ladder_cluster
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.search import api
+from planner.specs import TrainingSpec
+from planner.specs.models import get_model
+
+PHASES = ("prefetch_frontiers", "best_first", "refine", "finish")
+
+
+def timed(spans: dict[str, tuple[float, float]], name: str, fn: Callable, zero: list[float]) -> Callable:
+    """`fn`, recording (start, end) of its last call in `spans[name]`, from `zero[0]`."""
+    def run(*args: object, **kwargs: object) -> object:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spans[name] = (t - zero[0], time.perf_counter() - zero[0])
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--time-limit", type=float, default=120.0)
+    args = ap.parse_args()
+    model = get_model("llama2-13b")
+    spans: dict[str, tuple[float, float]] = {}
+    zero = [0.0]
+    originals = {name: getattr(api, name) for name in PHASES}
+    for name, fn in originals.items():
+        setattr(api, name, timed(spans, name, fn, zero))
+    print("| GPUs | search s | " + " | ".join(f"{p} s" for p in PHASES) + " | step s | gap % |")
+    print("|---" * (4 + len(PHASES)) + "|")
+    try:
+        for g in args.gpus:
+            spans.clear()
+            training = TrainingSpec(global_batch=max(256, 4 * g), seq_len=model.seq_len)
+            zero[0] = time.perf_counter()
+            res = api.search(model, ladder_cluster(g), training, cost=AnalyticCostModel(),
+                             time_limit=args.time_limit, workers=args.workers)
+            total = time.perf_counter() - zero[0]
+            cells = [f"{spans[p][0]:.2f}-{spans[p][1]:.2f}" if p in spans else "-" for p in PHASES]
+            print(f"| {g} | {total:.2f} | " + " | ".join(cells)
+                  + f" | {res.prediction.step_s:.4f} | {100 * res.gap:.2f} |", flush=True)
+    finally:
+        for name, fn in originals.items():
+            setattr(api, name, fn)
+
+
+if __name__ == "__main__":
+    main()
