@@ -37,7 +37,7 @@ from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.unit_loop import Progress, best_first, finish, refine
+from planner.search.unit_loop import Progress, best_first, finish, gap_missed, refine
 from planner.search.units import Candidate, Unit, UnitContext, coverage_rank, mixed_lengths, solve_unit
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -304,9 +304,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
             if candidates:
                 # last, so they can only replace the answer, never change what refinement does
-                best_s = min(c.step_s for c in candidates)
-                lowest = min([su.bound_s for su in ctx.solved] + bounds, default=best_s)
-                gap_open = refine_gap is not None and best_s > (1 + refine_gap) * lowest
+                gap_open = refine_gap is not None and gap_missed(ctx, refine_gap)
                 engines = [] if deadline is not None and time.perf_counter() > deadline else (
                     ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes, gap_open) else []))
                 mode = polish if polish == "always" or (polish == "auto" and refine_gap is not None) else None

@@ -97,6 +97,13 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     return False
 
 
+def gap_missed(ctx: UnitContext, target: float) -> bool:
+    """Whether the best plan is more than `target` above the lowest bound of the solved units and
+    of the units only bounded (their cheap bounds)."""
+    best = min(c.step_s for c in ctx.candidates)
+    return best > (1 + target) * min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
+
+
 POLISH_UNITS = 4  # lowest-bound units whose plans `polish` re-solves when the gap target is missed
 POLISH_TAIL_SHARE = 0.05  # ... or when the best plan's tail is at least this share of its step
 POLISH_SOFT_UNITS = 2  # ... otherwise
@@ -129,8 +136,7 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     seconds each engine candidate took."""
     top = min(ctx.candidates, key=lambda c: c.step_s)
     best = top.step_s
-    lowest = min([su.bound_s for su in ctx.solved] + ctx.bounds, default=best)
-    strong = polish == "always" or best > (1 + target) * lowest or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
+    strong = polish == "always" or gap_missed(ctx, target) or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
     todo = [] if polish is None else sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong
                                                                                    else POLISH_SOFT_UNITS]
     timed_out = False
