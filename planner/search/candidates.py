@@ -23,10 +23,16 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float)
     grid by up to 0.05 % on random small pools (`benchmarks/grid_check.py --seed 6`). With a
     cutoff every grid is pruned by bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs,
     0.4-0.5 s from 128 to 16,384 on the ladder pools (stat `megatron_grid_s`). It can only
-    replace the answer of refinement and the polish."""
-    from planner.search.megatron_grid import best_megatron_plan
+    replace the answer of refinement and the polish. Grids on one GPU type alone whose nodes do not
+    open the file (no prefix holds them) are searched too (`best_single_type_plan`), so the answer
+    is never slower than those either (the issue's "nor than the best plan on any single GPU type
+    alone")."""
+    from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
 
-    return best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
+    found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
+    cutoff_s = found[1].step_s if found is not None else cutoff_s
+    alone = best_single_type_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
+    return alone if alone is not None and (found is None or alone[1].step_s < found[1].step_s) else found
 
 
 def add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, stat: str) -> None:
