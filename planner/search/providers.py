@@ -23,7 +23,8 @@ from planner.search.options import OptionContext, OptionCosting, pruned_options
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.tail_plans import TailPlans
-from planner.search.templates import Template, TemplateStage, block_skeletons, pareto_indices, prune_templates
+from planner.search.templates import (Template, TemplateStage, block_skeletons, pareto_indices, prune_templates,
+                                      skeleton_group)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import (Row, RowCodes, batched_frontiers, batched_least_bottlenecks, coded_min_max_tails,
@@ -370,11 +371,13 @@ class BlocksProvider(TailLevels, TailPlans):
 
     def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
         """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned."""
-        _, _, usage = self._lb_index()
+        skeletons, of, usage = self._lb_index()
+        group = [skeleton_group(sk) for sk in skeletons]
         a, c = self._columns("lb")
         rows = [(k, e) for k, e in enumerate(self._lb_tails(tails)) if e is not None]
-        keep = pareto_indices([usage[k] for k, _ in rows], [a[k] for k, _ in rows], [c[k] for k, _ in rows],
-                              [e for _, e in rows])
+        # pruned within (usage, skeleton group) only: refinement replaces groups whole (`bound_key`)
+        keep = pareto_indices([(usage[k], group[of[k]]) for k, _ in rows], [a[k] for k, _ in rows],
+                              [c[k] for k, _ in rows], [e for _, e in rows])
         protos = self.lb_protos
         return [Template(usage[k], a[k], c[k], e, None, (), protos[k].skeleton) for k, e in (rows[i] for i in keep)]
 

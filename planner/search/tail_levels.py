@@ -8,7 +8,6 @@ of caps on every stage's tail, so each level's points carry a tail close to what
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -16,7 +15,7 @@ import numpy as np
 
 from planner.search.options import pruned_options
 from planner.search.space import BlockType, StageShape, skeleton_usage
-from planner.search.templates import Template
+from planner.search.templates import Template, skeleton_group
 from solvers.batched_runs import Row, batched_capped_points, batched_min_max_tails, row_skeleton
 from solvers.partition import StageOptions, min_max_tail, tail_capped_frontier
 from solvers.uniform_layers import INF, uniform_view
@@ -56,12 +55,7 @@ class TailLevels:
     rows: dict[tuple[BlockType, ...], list[Row]]
     _uniform: dict[BlockType, bool]
 
-    @staticmethod
-    @functools.lru_cache(maxsize=1 << 16)  # asked once per template and refinement round
-    def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...]:
-        """The batch a skeleton's frontier is computed in: its run types in order (the runs of
-        `block_skeletons` are on pairwise different GPU classes, so these are its distinct types)."""
-        return tuple(dict.fromkeys(skeleton))
+    skeleton_group = staticmethod(skeleton_group)
 
     def level_templates(self, lo: int, hi: int, groups: set[tuple[BlockType, ...]], e_cap: float,
                         ratio: float = 1.5, deadline: float | None = None

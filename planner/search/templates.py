@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -170,36 +171,57 @@ def skeleton_templates(skeleton: tuple[BlockType, ...], options: dict[BlockType,
     return out
 
 
-def prune_templates(templates: list[Template]) -> list[Template]:
-    """Drop templates dominated by another of the same GPU usage: A, C and E no larger and memory
+@functools.lru_cache(maxsize=1 << 16)  # asked once per template and refinement round
+def skeleton_group(skeleton: tuple[BlockType, ...]) -> tuple[BlockType, ...]:
+    """The batch a skeleton's frontier is computed in: its run types in order (the runs of
+    `block_skeletons` are on pairwise different GPU classes, so these are its distinct types)."""
+    return tuple(dict.fromkeys(skeleton))
+
+
+def bound_key(t: Template) -> tuple:
+    """What bound templates are pruned within: GPU usage and skeleton group. Refinement
+    (`units.refine_unit`) replaces a group's templates whole with tighter ones; had a template of
+    another group been pruned as dominated by one of them, it would be lost once their tails rise,
+    and the bound with it (1 A100-80 + 2 L4, OPT-350M at 4k tokens, global batch 8: A100 -> L4 (tp 2)
+    pruned by L4 (tp 2) -> A100, whose refined tails then lifted the bound above that plan)."""
+    return (t.usage, skeleton_group(t.skeleton or ()))
+
+
+def _usage(t: Template) -> tuple:
+    return t.usage
+
+
+def prune_templates(templates: list[Template], key: Callable[[Template], tuple] = _usage) -> list[Template]:
+    """Drop templates dominated by another of the same `key` (default: GPU usage; bound templates
+    that refinement will replace group by group: `bound_key`): A, C and E no larger and memory
     allowing at least as many microbatches. Never changes the optimum. Order is deterministic."""
     if all(t.max_microbatches is None for t in templates):
-        keep = pareto_indices([t.usage for t in templates], [t.a_s for t in templates],
+        keep = pareto_indices([key(t) for t in templates], [t.a_s for t in templates],
                               [t.c_s for t in templates], [t.e_s for t in templates])
         return [templates[i] for i in keep]
-    groups: dict[tuple[int, ...], list[Template]] = {}
+    groups: dict[tuple, list[Template]] = {}
     for t in templates:
-        groups.setdefault(t.usage, []).append(t)
+        groups.setdefault(key(t), []).append(t)
     out: list[Template] = []
-    for usage in sorted(groups):
-        group = sorted(groups[usage], key=lambda t: (t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9)))
+    for k in sorted(groups):
+        group = sorted(groups[k], key=lambda t: (t.c_s, t.a_s, t.e_s, -(t.max_microbatches or 10**9)))
         if all(t.max_microbatches is None for t in group):
-            out.extend(prune_templates(group))
+            out.extend(prune_templates(group, key))
             continue
-        keep: list[Template] = []
+        kept: list[Template] = []
         for t in group:
             tm = t.max_microbatches or 10**9
-            if not any(k.a_s <= t.a_s and k.e_s <= t.e_s and (k.max_microbatches or 10**9) >= tm for k in keep):
-                keep.append(t)
-        out.extend(keep)
+            if not any(k.a_s <= t.a_s and k.e_s <= t.e_s and (k.max_microbatches or 10**9) >= tm for k in kept):
+                kept.append(t)
+        out.extend(kept)
     return out
 
 
-def pareto_indices(usage: list[tuple[int, ...]], a: list[float], c: list[float], e: list[float]) -> list[int]:
+def pareto_indices(usage: list[tuple], a: list[float], c: list[float], e: list[float]) -> list[int]:
     """Indices of the templates `prune_templates` keeps when no memory cap differs (given as plain
-    columns, so callers build Template objects only for the kept ones): per usage group, in order
-    of (C, A, E), those not dominated in (A, E) by an earlier one, via a staircase of kept
-    (A, least E so far) searched by bisection. Groups come in sorted usage order."""
+    columns, so callers build Template objects only for the kept ones): per key in `usage` (GPU
+    usage, or `bound_key`), in order of (C, A, E), those not dominated in (A, E) by an earlier one,
+    via a staircase of kept (A, least E so far) searched by bisection. Keys come in sorted order."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, u in enumerate(usage):
         groups.setdefault(u, []).append(i)

@@ -18,7 +18,7 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
-from planner.search.templates import PackedTemplates, Template, count_run_skeletons, prune_templates
+from planner.search.templates import PackedTemplates, Template, bound_key, count_run_skeletons, prune_templates
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -227,7 +227,8 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         done |= groups
         if not covered:
             break
-        lb_set = prune_templates([t for t in lb_set if provider.skeleton_group(t.skeleton or ()) not in covered] + new)
+        lb_set = prune_templates([t for t in lb_set if provider.skeleton_group(t.skeleton or ()) not in covered] + new,
+                                 bound_key)
         unit = SolverStats()
         lb = solve_assignment_lp(_problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
                                  incumbent_s=incumbent_s - overhead, deadline=deadline, bound_only=True)
