@@ -124,6 +124,32 @@ def test_refinement_keeps_the_templates_another_group_dominated() -> None:
     assert not any("outside" in line for line in res.explanation)
 
 
+def test_refinement_takes_the_orders_of_a_group_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's other run orders (A100 -> L4 beside L4 -> A100: same GPUs, so once pruned within
+    their own group only, the LP turns to the one left optimistic) are refined in the same round:
+    on `benchmarks/chain_check.py --seed 11` pool 38 that took refinement from 81 units refined
+    (12 class splits) to 10 (none). Every request for levels holds every order present."""
+    asked: list[set] = []
+    level_templates = BlocksProvider.level_templates
+
+    def spy(self, lo, hi, groups, *args, **kwargs):  # noqa: ANN001, ANN202
+        asked.append(set(groups))
+        return level_templates(self, lo, hi, groups, *args, **kwargs)
+
+    monkeypatch.setattr(BlocksProvider, "level_templates", spy)
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="L4", nodes=1, gpus_per_node=2),
+                                 NodeGroup(gpu="A100-SXM4-80GB", nodes=1, gpus_per_node=1)])
+    model, training = get_model("opt-350m"), TrainingSpec(global_batch=8, seq_len=4096)
+    res = search(model, cluster, training, cost=COST, polish="never", chains="never")
+    assert asked and res.lower_bound_s <= res.prediction.step_s
+    mixed = [g for groups in asked for g in groups if len(g) == 2]
+    assert mixed, "no two-run group was refined: the test proves nothing"
+    for groups in asked:
+        for g in groups:
+            if len(g) == 2:
+                assert (g[1], g[0]) in groups, f"{g} refined without its other order"
+
+
 @pytest.mark.parametrize("micro_batches", [None, (2,)])
 def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...] | None) -> None:
     """Five microbatch sizes on two workers (the last size's frontier split in two) and one size
