@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks.baselines.megatron_uniform import best_uniform_plan
 from planner.costmodel.analytic import AnalyticCostModel
+from planner.emit.targets import emit
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
 from planner.search import search
@@ -164,3 +165,19 @@ def test_chains_run_where_the_gap_stays_open() -> None:
     assert res.stats["chain_added"] == 1
     assert res.prediction.step_s <= chain.prediction.step_s * (1 + 1e-9) < without.prediction.step_s
     assert res.lower_bound_s == without.lower_bound_s <= res.prediction.step_s
+
+
+def test_engine_grid_targets_take_a_single_gpu_type_alone() -> None:
+    """`--target megatron` on 2x4 T4 + 2x1 RTX-3090 + 1x4 V100: the V100 node alone (tp 4, 0.2947 s)
+    beats every grid on a prefix of the node list (0.3239 s), and Megatron's launch files name only
+    that node."""
+    cluster, model = _t4_3090_v100(), get_model("opt-350m")
+    training = TrainingSpec(global_batch=8, seq_len=1024)
+    res = search(model, cluster, training, cost=COST, target="megatron")
+    base = best_uniform_plan(model, cluster, training, COST, single_type="each")
+    assert base is not None and res.coverage == "megatron-grid"
+    assert res.prediction.step_s == pytest.approx(base[1].step_s, rel=1e-9)
+    assert res.idle_gpus == {"T4": 8, "RTX-3090": 2}
+    files = emit(res.plan, cluster, "megatron").files["megatron"]
+    text = "\n".join(files.values())
+    assert "node4" in text and "node0" not in text

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -357,12 +358,18 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
                  start: float, target: str) -> SearchResult:
     from planner.search.flagscale_grid import best_flagscale_plan
-    from planner.search.megatron_grid import best_megatron_plan
+    from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
 
     if not cluster.node_list:
         raise InfeasibleError("cluster", "the cluster has no GPUs: nothing to plan")
-    finder = best_flagscale_plan if target == "flagscale" else best_megatron_plan
-    found = finder(model, cluster, training, cost, micro_batch_sizes(training))
+    sizes = micro_batch_sizes(training)
+    if target == "flagscale":
+        found = best_flagscale_plan(model, cluster, training, cost, sizes)
+    else:  # prefixes of the node list, then each GPU type alone (a grid runs on any set of nodes)
+        found = best_megatron_plan(model, cluster, training, cost, sizes)
+        alone = best_single_type_plan(model, cluster, training, cost, sizes,
+                                      cutoff_s=found[1].step_s if found is not None else math.inf)
+        found = alone if alone is not None else found
     if found is None and target == "flagscale":
         raise InfeasibleError("target", "no FlagScale mesh chain (identical replicas, one cp and recompute mode, "
                               "every stage holding a decoder layer) fits this model on this cluster")

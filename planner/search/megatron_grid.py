@@ -4,9 +4,10 @@ Megatron runs one (tp, cp, pp, dp) grid: identical pipelines, the same tp/cp on 
 intra-stage dp or head parallelism, one recompute mode and one microbatch count for all replicas,
 ranks laid out tp fastest, then cp, dp and pp outermost over the nodes in file order. Stages may land
 on different GPU types (a stage must not straddle two) and, with `--pipeline-model-parallel-layout`,
-hold different numbers of layers. For every grid on every prefix of the node list, the layer split
-is solved exactly by the same partition DP as the full search (memory per position), so the result
-is the best Megatron plan under the cost model, in Megatron's rank order.
+hold different numbers of layers. For every grid on every prefix of the node list (and, in
+`best_single_type_plan`, on each GPU type's nodes alone), the layer split is solved exactly by the
+same partition DP as the full search (memory per position), so the result is the best Megatron
+plan under the cost model, in Megatron's rank order.
 """
 
 from __future__ import annotations
