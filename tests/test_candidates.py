@@ -181,3 +181,24 @@ def test_engine_grid_targets_take_a_single_gpu_type_alone() -> None:
     files = emit(res.plan, cluster, "megatron").files["megatron"]
     text = "\n".join(files.values())
     assert "node4" in text and "node0" not in text
+
+
+def test_chains_search_deeper_where_sync_tails_weigh() -> None:
+    """Llama-2 7B, global batch 64, on 2x8 V100-16 + 2 single A100-40 + 4 RTX-4090 (`chain_check.py
+    --seed 23`, pool 22): the best plan before the engine candidates runs two pipelines with an
+    exposed sync and optimizer tail of 8 % of the step (4.650 s). One V100 (tp 8) x 2 -> A100 x 2
+    -> RTX-4090 (tp 4) chain, no replica to sync with, runs 4.544 s; the chain search's queue,
+    ordered by bounds without tails, reaches it only past 128 DPs. With tails at least 5 % of the
+    step the candidate runs 512, and the default search matches `--target flagscale`."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=8),
+                                 NodeGroup(gpu="A100-SXM4-40GB", nodes=2, gpus_per_node=1),
+                                 NodeGroup(gpu="RTX-4090", nodes=1, gpus_per_node=4)])
+    model, training = get_model("llama2-7b"), TrainingSpec(global_batch=64, seq_len=2048)
+    res = search(model, cluster, training, cost=COST)
+    chain = search(model, cluster, training, cost=COST, target="flagscale")
+    without = search(model, cluster, training, cost=COST, chains="never")
+    assert without.prediction.tail_s >= 0.05 * without.prediction.step_s
+    assert res.stats["chain_added"] == 1
+    assert res.prediction.step_s <= chain.prediction.step_s * (1 + 1e-9)
+    assert res.prediction.step_s < without.prediction.step_s / 1.02
+    assert any("runs of stage groups" in line for line in res.explanation)

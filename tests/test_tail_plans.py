@@ -28,7 +28,7 @@ def no_grid_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     from planner.search.candidates import ENGINE_CANDIDATES
 
     for name in ("megatron_grid", "chain"):
-        monkeypatch.setitem(ENGINE_CANDIDATES, name, lambda ctx, sizes, cutoff_s: None)
+        monkeypatch.setitem(ENGINE_CANDIDATES, name, lambda ctx, sizes, cutoff_s, tail_share=0.0: None)
 
 
 def test_polish_finds_the_plan_tail_blind_options_miss(no_grid_candidate: None) -> None:

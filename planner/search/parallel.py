@@ -189,9 +189,9 @@ def _finish_task(args: tuple) -> tuple:
     assert _SEARCH is not None
     if args[0] == "polish":
         return _polish_task(args[1:])
-    _, name, sizes, cutoff_s = args
+    _, name, sizes, cutoff_s, tail_share = args
     start = time.perf_counter()
-    found = ENGINE_CANDIDATES[name](_SEARCH.ctx, sizes, cutoff_s)
+    found = ENGINE_CANDIDATES[name](_SEARCH.ctx, sizes, cutoff_s, tail_share)
     return found, time.perf_counter() - start
 
 
@@ -290,11 +290,13 @@ class UnitPool:
                ) -> list[tuple[object, float]]:
         """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`)
         and run the named engine candidates, all in one batch of tasks and each against the best
-        plan known now. Polished plans join the candidates in batch order; the engine candidates'
-        (plan or None, seconds) are returned, in `engines` order, for the caller to take."""
-        best = min(c.step_s for c in self.ctx.candidates)
+        plan known now (the engine candidates also get its tail's share of its step). Polished plans
+        join the candidates in batch order; the engine candidates' (plan or None, seconds) are
+        returned, in `engines` order, for the caller to take."""
+        top = min(self.ctx.candidates, key=lambda c: c.step_s)
+        best, share = top.step_s, top.prediction.tail_s / top.step_s
         tasks = [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
-                 for su in sus] + [("engine", name, sizes, best) for name in engines]
+                 for su in sus] + [("engine", name, sizes, best, share) for name in engines]
         outs, forked = self._map(_finish_task, tasks)
         for su, (found, solves, pruned) in zip(sus, outs):
             self.ctx.candidates.extend(found)
