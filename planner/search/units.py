@@ -277,6 +277,12 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     protos = provider.plan_protos
     groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used_lb)
               if lb_set[k].skeleton is not None}
+    # and those the bound leans on once pruned across groups (each GPU usage's best templates
+    # whatever their group): the LP may take either of two equally good groups
+    across = prune_templates(lb_set)
+    used_x = lp_support(_problem(across, *args), su.bound_s - overhead, stats=ctx.stats) if across else []
+    groups |= {provider.skeleton_group(across[k].skeleton) for k in np.flatnonzero(used_x)
+               if across[k].skeleton is not None}
     groups |= {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
     # tails above e_cap cannot be in a plan that beats the incumbent
     pipe = pipeline_time_bound(plan_problem, ctx.stats)
