@@ -181,3 +181,30 @@ def test_dive_copies_fit_and_hold_the_batch(seed: int) -> None:
     assert np.all(counts @ p.usage <= p.avail)
     assert counts.sum() <= min(p.replicas[1], p.microbatches)
     assert int(caps @ counts) >= p.microbatches
+
+
+def _least_up_to(p: AssignProblem, copies: int) -> float | None:
+    """Brute force: least max pipeline time (tails ignored) of 1..`copies` copies, each running at
+    least one microbatch."""
+    allowed = np.ones(len(p.a_s), dtype=bool)
+    found = [v for k in range(1, copies + 1) if (v := _least_few_copies(p, allowed, k)) is not None]
+    return min(found) if found else None
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_bound_of_few_pipelines_is_the_integer_optimum(seed: int) -> None:
+    """With at most `INTEGRAL_COPIES` pipelines the bound is the least pipeline time of whole
+    copies (to its bisection's 1e-4), not the LP's: never above brute force, never far below."""
+    from solvers.assign_lp import INTEGRAL_COPIES, pipeline_time_bound
+
+    rng = np.random.default_rng(1300 + seed)
+    p = _random_problem(rng)
+    k = int(rng.integers(1, INTEGRAL_COPIES + 1))
+    p = AssignProblem(p.a_s, p.c_s, p.e_s, p.max_microbatches, p.usage, p.avail, p.microbatches, (1, k))
+    truth = _least_up_to(p, min(k, p.microbatches))
+    got = pipeline_time_bound(p)
+    if truth is None:
+        assert got is None
+        return
+    assert got is not None
+    assert truth * (1 - 2e-4) <= got <= truth * (1 + 1e-9)
