@@ -35,6 +35,12 @@ from solvers.small_lp import SmallLP
 
 
 INTEGRAL_COPIES = 4  # bounds with at most this many pipelines take the integer optimum (`_CapacityLP`)
+INTEGRAL_GROUPS = 64  # ... three or four only with at most this many usage groups holding a microbatch
+INTEGRAL_NODES = 200  # ... and when its search takes at most this many steps (else the LP's answer stands)
+
+
+class _TooLong(Exception):
+    """`_CapacityLP.solve_integral` ran past `INTEGRAL_NODES`."""
 
 
 def _kappa(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
@@ -86,26 +92,50 @@ class _CapacityLP:
         rep[self.of[hit]] = hit
         return best, rep
 
-    def solve_integral(self, group_caps: np.ndarray, need: float) -> tuple[float, np.ndarray]:
-        """With at most `INTEGRAL_COPIES` copies, the integer problem instead of the LP: copies
-        (groups may repeat) that fit the GPUs and hold at least `need` microbatches, with their
-        total and counts per group, or, if none do, the most any hold (below `need`). Depth-first
-        over groups by capacity, cut where even the copies left at the next capacity that fits
-        cannot reach `need`. With few pipelines the LP's fractional copies can be far above any
-        plan: on random pools of 10 and 20 GPUs (`benchmarks/chain_check.py --seed 24`, pools 3
-        and 7) the lowest bounds were of three- and four-pipeline units refined as far as tails go,
-        and the gaps stayed at 2.9 and 3.1 %."""
+    def solve_integral(self, group_caps: np.ndarray, need: float) -> tuple[float, np.ndarray] | None:
+        """The integer problem instead of the LP where it is small: copies (groups may repeat)
+        that fit the GPUs and hold at least `need` microbatches, with their total and counts per
+        group, or, if none do, the most any hold (below `need`). With few pipelines the LP's
+        fractional copies can be far above any plan: on random pools of 10 and 20 GPUs
+        (`benchmarks/chain_check.py --seed 24`, pools 3 and 7) the lowest bounds were of two- to
+        four-pipeline units refined as far as tails go, and the gaps stayed at 2.9 and 3.1 %.
+
+        At most two copies: every single copy and fitting pair at once. Three or four
+        (`INTEGRAL_COPIES`): depth-first over groups by capacity, cut where the copies left at the
+        largest capacity that fits, or the free GPUs at the best capacity per GPU, cannot reach
+        `need`; only with at most `INTEGRAL_GROUPS` groups holding a microbatch and
+        `INTEGRAL_NODES` steps (the ladder's 32- and 64-GPU pools, 100-360 groups of about equal
+        capacity, took thousands per call). None where it does not run: the LP's answer stands."""
         counts = np.zeros(len(group_caps))
-        if not np.any(group_caps > 0):
-            return 0.0, counts
-        self.stats.ilp_solves += 1
         live = np.flatnonzero(group_caps > 0)
+        if not live.size:
+            return 0.0, counts
+        if self.max_copies <= 2:
+            self.stats.ilp_solves += 1
+            one = int(np.argmax(group_caps))
+            value, pick = float(group_caps[one]), [one]
+            i, j = self.pairs()
+            if self.max_copies == 2 and i.size:
+                both = group_caps[i] + group_caps[j]
+                k = int(np.argmax(both))
+                if both[k] > value:
+                    value, pick = float(both[k]), [int(i[k]), int(j[k])]
+            for g in pick:
+                counts[g] += 1
+            return value, counts
+        if self.max_copies > INTEGRAL_COPIES or live.size > INTEGRAL_GROUPS:
+            return None
+        self.stats.ilp_solves += 1
         order = live[np.lexsort((live, -group_caps[live]))]  # by capacity, then group
         caps, use = group_caps[order], self.usage[order]
         per_gpu = caps / np.maximum(use.sum(axis=1), 1)
         best: list = [0.0, ()]
+        nodes = [0]
 
         def dfs(start: int, left: int, free: np.ndarray, value: float, pick: tuple[int, ...]) -> bool:
+            nodes[0] += 1
+            if nodes[0] > INTEGRAL_NODES:
+                raise _TooLong
             if value > best[0]:
                 best[0], best[1] = value, pick
             if value >= need:
@@ -113,8 +143,6 @@ class _CapacityLP:
             if not left:
                 return False
             fits = start + np.flatnonzero(np.all(use[start:] <= free, axis=1))
-            # at most `left` copies of the largest capacity that fits, and at most the free GPUs
-            # at the best capacity per GPU of any copy that fits
             if not fits.size or value + min(left * caps[fits[0]], per_gpu[fits].max() * free.sum()) < need:
                 return False
             for k in fits.tolist():
@@ -124,10 +152,12 @@ class _CapacityLP:
                     return True
             return False
 
-        dfs(0, min(self.max_copies, INTEGRAL_COPIES), self.avail.astype(np.int64), 0.0, ())
-        best[1] = tuple(int(order[k]) for k in best[1])
-        for g in best[1]:
-            counts[g] += 1
+        try:
+            dfs(0, self.max_copies, self.avail.astype(np.int64), 0.0, ())
+        except _TooLong:
+            return None
+        for k in best[1]:
+            counts[int(order[k])] += 1
         return float(best[0]), counts
 
     def solve(self, group_caps: np.ndarray) -> tuple[float, np.ndarray]:
@@ -205,7 +235,7 @@ def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float |
         best, rep = lp.best_per_group(kappa)
         value, x = lp.solve(best)
         if value >= enough and lp.max_copies <= INTEGRAL_COPIES:  # the LP cannot tell: whole copies
-            value, x = lp.solve_integral(best, enough)
+            value, x = lp.solve_integral(best, enough) or (value, x)
         copies = np.zeros(len(kappa))
         live = np.flatnonzero(rep >= 0)
         copies[rep[live]] = x[live]
