@@ -98,11 +98,20 @@ def _in_searched_space(result, plan, cluster: ClusterSpec) -> bool:
 
 
 def _assert_beats_baselines(result, model, cluster, training) -> None:
+    """Never slower than the best Megatron grid over the whole pool or one GPU type, whether or not
+    the grid lies in the searched space: the search takes the best grid on prefixes of the node
+    list and on each type alone as a candidate (`candidates.megatron_grid_candidate`). And a grid
+    inside the searched space is never faster than that space's own bound."""
     step = result.prediction.step_s
+    covered = result.coverage_bound_s if result.coverage_bound_s is not None else result.lower_bound_s
     for which in (None, "each"):
         base = best_uniform_plan(model, cluster, training, COST, single_type=which)
-        if base is None or not _in_searched_space(result, base[0], cluster):
+        if base is None:
             continue
+        if _in_searched_space(result, base[0], cluster):
+            assert covered <= base[1].step_s * (1 + REL), \
+                f"bound {covered:.6f} s ({result.coverage}) above a grid inside it ({which or 'whole pool'}) " \
+                f"{base[1].step_s:.6f} s"
         assert step <= base[1].step_s * (1 + REL), \
             f"search {step:.6f} s ({result.coverage}) slower than Megatron grid ({which or 'whole pool'}) " \
             f"{base[1].step_s:.6f} s"
