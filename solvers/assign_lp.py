@@ -112,8 +112,9 @@ class _CapacityLP:
             return 0.0, counts
         if self.max_copies <= 2:
             self.stats.ilp_solves += 1
-            one = int(np.argmax(group_caps))
-            value, pick = float(group_caps[one]), [one]
+            alone = np.where(np.all(self.usage <= self.avail, axis=1), group_caps, 0.0)
+            one = int(np.argmax(alone))
+            value, pick = float(alone[one]), [one]
             i, j = self.pairs()
             if self.max_copies == 2 and i.size:
                 both = group_caps[i] + group_caps[j]

@@ -22,8 +22,8 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     grids' space is not inside the blocks coverage's (their pipelines may run through several GPU
     types in file order), and the plan LP stops within 0.1 % of its bound, which let plans trail a
     grid by up to 0.05 % on random small pools (`benchmarks/grid_check.py --seed 6`). With a
-    cutoff every grid is pruned by bounds alone unless it can win: 0.06-0.14 s up to 64 GPUs,
-    0.4-0.5 s from 128 to 16,384 on the ladder pools (stat `megatron_grid_s`). It can only
+    cutoff every grid is pruned by bounds alone unless it can win: 0.04-0.12 s up to 64 GPUs,
+    0.3-0.6 s from 128 to 16,384 on the ladder pools (stat `megatron_grid_s`). It can only
     replace the answer of refinement and the polish. Grids on one GPU type alone whose nodes do not
     open the file (no prefix holds them) are searched too (`best_single_type_plan`), so the answer
     is never slower than those either (the issue's "nor than the best plan on any single GPU type
@@ -84,7 +84,8 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     `CHAIN_TAIL_SHARE` of its step (`tail_share`), `CHAIN_DEEP_DP` DPs: fewer, longer pipelines
     sync over fewer replicas, and the bounds that order the queue leave tails out, so such chains
     come late. On `chain_check.py --seed 23` three pools with tails of 7-16 % of the step got
-    chains 2.4, 1.2 and 2.3 % faster than with 128 DPs, for 0.6-1.4 s more."""
+    chains 2.4, 1.3 and 2.3 % faster than with 128 DPs; the candidate took 0.7-2.4 s there
+    instead of 0.2-0.5 s (one run each, beside another search)."""
     from planner.search.flagscale_grid import best_flagscale_plan
 
     budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP
