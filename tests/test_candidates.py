@@ -152,13 +152,14 @@ def test_chains_run_where_the_gap_stays_open() -> None:
     bound of 17.750 s). Two copies of RTX-3090 (tp 2) -> RTX-3090 (tp 2) -> H100, inside the
     coverage, run 18.107 s, with half the exposed tail: the split frontiers are costed without
     tails, the chains with them. With the chains run on an open gap the search finds it, as
-    `--target flagscale` does; `chains="never"` shows the plan it had."""
+    `--target flagscale` does; `chains="never"` shows the plan it had. The plan polish off: it
+    now also re-solves the units the best plan came from, and one of them holds this plan too."""
     cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=2),
                                  NodeGroup(gpu="RTX-3090", nodes=2, gpus_per_node=4)])
     model = get_model("llama2-7b")
     training = TrainingSpec(global_batch=128, seq_len=4096, zero=1)
-    res = search(model, cluster, training, cost=COST)
-    without = search(model, cluster, training, cost=COST, chains="never")
+    res = search(model, cluster, training, cost=COST, polish="never")
+    without = search(model, cluster, training, cost=COST, chains="never", polish="never")
     chain = search(model, cluster, training, cost=COST, target="flagscale")
     assert res.coverage == without.coverage == "blocks<=2"
     assert without.gap > 0.015  # the refinement target

@@ -37,6 +37,7 @@ class Candidate:
     plan: Plan
     prediction: Prediction
     micro_batch: int
+    unit: tuple[int, int, int] | None = None  # (microbatch size, lo, hi) of the unit it came from
 
 
 def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: int,
@@ -303,7 +304,7 @@ def _add_candidate(templates: list[Template], sol: Assignment, u: Unit, ctx: Uni
     chosen = [(resolve(templates[t]), sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
     plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, u.b, chosen)
     pred = evaluate(plan, ctx.cluster, ctx.cost)
-    ctx.candidates.append(Candidate(pred.step_s, plan, pred, u.b))
+    ctx.candidates.append(Candidate(pred.step_s, plan, pred, u.b, (u.b, u.lo, u.hi)))
 
 
 def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args: tuple, solver: str,
