@@ -31,16 +31,8 @@ import numpy as np
 
 from solvers.assign import AssignProblem, Assignment, SolverStats, _caps
 from solvers.deal import deal
+from solvers.few_copies import INTEGRAL_COPIES, whole_copies
 from solvers.small_lp import SmallLP
-
-
-INTEGRAL_COPIES = 4  # bounds with at most this many pipelines take the integer optimum (`_CapacityLP`)
-INTEGRAL_GROUPS = 64  # ... three or four only with at most this many usage groups holding a microbatch
-INTEGRAL_NODES = 200  # ... and when its search takes at most this many steps (else the LP's answer stands)
-
-
-class _TooLong(Exception):
-    """`_CapacityLP.solve_integral` ran past `INTEGRAL_NODES`."""
 
 
 def _kappa(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
@@ -93,73 +85,13 @@ class _CapacityLP:
         return best, rep
 
     def solve_integral(self, group_caps: np.ndarray, need: float) -> tuple[float, np.ndarray] | None:
-        """The integer problem instead of the LP where it is small: copies (groups may repeat)
-        that fit the GPUs and hold at least `need` microbatches, with their total and counts per
-        group, or, if none do, the most any hold (below `need`). With few pipelines the LP's
-        fractional copies can be far above any plan: on random pools of 10 and 20 GPUs
-        (`benchmarks/chain_check.py --seed 24`, pools 3 and 7) the lowest bounds were of two- to
-        four-pipeline units refined as far as tails go, and the gaps stayed at 2.9 and 3.1 %.
-
-        At most two copies: every single copy and fitting pair at once. Three or four
-        (`INTEGRAL_COPIES`): depth-first over groups by capacity, cut where the copies left at the
-        largest capacity that fits, or the free GPUs at the best capacity per GPU, cannot reach
-        `need`; only with at most `INTEGRAL_GROUPS` groups holding a microbatch and
-        `INTEGRAL_NODES` steps (the ladder's 32- and 64-GPU pools, 100-360 groups of about equal
-        capacity, took thousands per call). None where it does not run: the LP's answer stands."""
-        counts = np.zeros(len(group_caps))
-        live = np.flatnonzero(group_caps > 0)
-        if not live.size:
-            return 0.0, counts
-        if self.max_copies <= 2:
+        """The integer problem instead of the LP where it is small (`few_copies.whole_copies`):
+        copies that fit the GPUs and hold at least `need` microbatches, or None where it does not
+        run (the LP's answer then stands)."""
+        found = whole_copies(self.usage, self.avail, self.max_copies, self.pairs, group_caps, need)
+        if found is not None:
             self.stats.ilp_solves += 1
-            alone = np.where(np.all(self.usage <= self.avail, axis=1), group_caps, 0.0)
-            one = int(np.argmax(alone))
-            value, pick = float(alone[one]), [one]
-            i, j = self.pairs()
-            if self.max_copies == 2 and i.size:
-                both = group_caps[i] + group_caps[j]
-                k = int(np.argmax(both))
-                if both[k] > value:
-                    value, pick = float(both[k]), [int(i[k]), int(j[k])]
-            for g in pick:
-                counts[g] += 1
-            return value, counts
-        if self.max_copies > INTEGRAL_COPIES or live.size > INTEGRAL_GROUPS:
-            return None
-        self.stats.ilp_solves += 1
-        order = live[np.lexsort((live, -group_caps[live]))]  # by capacity, then group
-        caps, use = group_caps[order], self.usage[order]
-        per_gpu = caps / np.maximum(use.sum(axis=1), 1)
-        best: list = [0.0, ()]
-        nodes = [0]
-
-        def dfs(start: int, left: int, free: np.ndarray, value: float, pick: tuple[int, ...]) -> bool:
-            nodes[0] += 1
-            if nodes[0] > INTEGRAL_NODES:
-                raise _TooLong
-            if value > best[0]:
-                best[0], best[1] = value, pick
-            if value >= need:
-                return True
-            if not left:
-                return False
-            fits = start + np.flatnonzero(np.all(use[start:] <= free, axis=1))
-            if not fits.size or value + min(left * caps[fits[0]], per_gpu[fits].max() * free.sum()) < need:
-                return False
-            for k in fits.tolist():
-                if value + left * caps[k] < need:
-                    return False  # capacities only fall from here
-                if dfs(k, left - 1, free - use[k], value + caps[k], pick + (k,)):
-                    return True
-            return False
-
-        try:
-            dfs(0, self.max_copies, self.avail.astype(np.int64), 0.0, ())
-        except _TooLong:
-            return None
-        for k in best[1]:
-            counts[int(order[k])] += 1
-        return float(best[0]), counts
+        return found
 
     def solve(self, group_caps: np.ndarray) -> tuple[float, np.ndarray]:
         """LP optimum and copy counts per group (`solvers.small_lp`, warm-started from the last

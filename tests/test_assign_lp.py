@@ -195,7 +195,8 @@ def _least_up_to(p: AssignProblem, copies: int) -> float | None:
 def test_bound_of_few_pipelines_is_the_integer_optimum(seed: int) -> None:
     """With at most `INTEGRAL_COPIES` pipelines the bound is the least pipeline time of whole
     copies (to its bisection's 1e-4), not the LP's: never above brute force, never far below."""
-    from solvers.assign_lp import INTEGRAL_COPIES, pipeline_time_bound
+    from solvers.assign_lp import pipeline_time_bound
+    from solvers.few_copies import INTEGRAL_COPIES
 
     rng = np.random.default_rng(1300 + seed)
     p = _random_problem(rng)
