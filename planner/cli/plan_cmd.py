@@ -106,7 +106,7 @@ def plan_command(
     polish: str = typer.Option("auto", "--polish",
                                help="re-solve the best units' plans with tail-capped stage options: auto (the two "
                                     "lowest-bound units; four when the gap misses --refine-gap or tails are 5 % of "
-                                    "the step), always (four), never"),
+                                    "the step), always (four), never; also the units the best plan came from"),
     chains: str = typer.Option("auto", "--chains",
                                help="also try the most promising FlagScale mesh chains (pipelines of any number "
                                     "of runs): auto (pools up to 64 GPUs whose coverage leaves such pipelines out "

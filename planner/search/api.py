@@ -189,7 +189,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 
     `polish` ("auto", "always", "never"): how many of the best units' plans are re-solved with
     tail-capped stage options (`unit_loop.finish`): "auto" the two lowest-bound units, four where
-    the gap target is missed or the tails are large; "always" four. The two found 0.02-1.26 %
+    the gap target is missed or the tails are large; "always" four; then the units the best plan
+    came from. The two lowest found 0.02-1.26 %
     faster plans on 4 of 20 pools (the 16 bench scenarios and the 8-64 GPU ladder rungs,
     `benchmarks/polish_check.py`), which a trigger on the gap alone had left unpolished.
 

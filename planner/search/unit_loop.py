@@ -143,8 +143,8 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     todo = [] if polish is None else sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong
                                                                                    else POLISH_SOFT_UNITS]
     if polish is not None:  # and the units the best plan came from: a plan near it is there
-        todo += sorted((su for su in ctx.solved if (su.unit.b, su.unit.lo, su.unit.hi) in
-                        {c.unit for c in ctx.candidates if c.step_s == best} and su not in todo),
+        origin = {c.unit for c in ctx.candidates if c.step_s == best}
+        todo += sorted((su for su in ctx.solved if (su.unit.b, su.unit.lo, su.unit.hi) in origin and su not in todo),
                        key=lambda x: x.bound_s)
     timed_out = False
 

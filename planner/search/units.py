@@ -18,7 +18,8 @@ from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
-from planner.search.templates import PackedTemplates, Template, bound_key, count_run_skeletons, prune_templates
+from planner.search.templates import (PackedTemplates, Template, bound_key, count_run_skeletons, prune_templates,
+                                      skeleton_group)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -227,7 +228,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
                   if lb_set[k].skeleton is not None} - done - {None}
         if not groups:
             break
-        groups = _with_other_orders(groups, lb_set, provider) - done
+        groups = _with_other_orders(groups, lb_set) - done
         new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio, deadline)
         done |= groups
         if not covered:
@@ -246,11 +247,11 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
             break
 
 
-def _with_other_orders(groups: set[tuple], lb_set: list[Template], provider: object) -> set[tuple]:
+def _with_other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]:
     """`groups` and the other run orders of the same GPU groups among `lb_set`'s skeleton groups
     (A100 -> L4 for L4 -> A100), refined together (`refine_unit`)."""
     kinds = {frozenset(g) for g in groups}
-    present = {provider.skeleton_group(t.skeleton) for t in lb_set if t.skeleton is not None}
+    present = {skeleton_group(t.skeleton) for t in lb_set if t.skeleton is not None}
     return groups | {g for g in present if frozenset(g) in kinds}
 
 
