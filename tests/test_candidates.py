@@ -189,7 +189,7 @@ def test_chains_search_deeper_where_sync_tails_weigh() -> None:
     --seed 23`, pool 22): the best plan before the engine candidates runs two pipelines with an
     exposed sync and optimizer tail of 8 % of the step (4.650 s). One V100 (tp 8) x 2 -> A100 x 2
     -> RTX-4090 (tp 4) chain, no replica to sync with, runs 4.544 s; the chain search's queue,
-    ordered by bounds without tails, reaches it only past 128 DPs. With tails at least 5 % of the
+    whose bounds count only the least tail any split can have, reaches it only past 128 DPs. With tails at least 5 % of the
     step the candidate runs 512, and the default search matches `--target flagscale`."""
     cluster = ClusterSpec(nodes=[NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=8),
                                  NodeGroup(gpu="A100-SXM4-40GB", nodes=2, gpus_per_node=1),
@@ -203,3 +203,25 @@ def test_chains_search_deeper_where_sync_tails_weigh() -> None:
     assert res.prediction.step_s <= chain.prediction.step_s * (1 + 1e-9)
     assert res.prediction.step_s < without.prediction.step_s / 1.02
     assert any("runs of stage groups" in line for line in res.explanation)
+
+
+def test_chain_queue_counts_the_tail_every_split_pays() -> None:
+    """GPT-Neo 2.7B, global batch 16, on 2 L4 + 2x4 V100-16 + 3x2 A10 (`chain_check.py --seed 24`,
+    pool 27): the best FlagScale chain is one pipeline A10 (tp 2) x 3 -> L4 (tp 2) -> V100 (tp 4) x 2
+    with no replica to sync (0.7040 s). Queued by bounds without tails, the chains of two replicas
+    came first and 128 partition DPs ended at 0.7790 s; with each chain's least largest tail in its
+    bound the candidate's budget reaches the best chain, and the default search returns it."""
+    from planner.search.candidates import CHAIN_MAX_DP
+    from planner.search.flagscale_grid import best_flagscale_plan
+
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="L4", nodes=1, gpus_per_node=2),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=4),
+                                 NodeGroup(gpu="A10", nodes=3, gpus_per_node=2)])
+    model, training = get_model("gpt-neo-2.7b"), TrainingSpec(global_batch=16, seq_len=1024)
+    sizes = micro_batch_sizes(training)
+    full = best_flagscale_plan(model, cluster, training, COST, sizes, grid=False)
+    capped = best_flagscale_plan(model, cluster, training, COST, sizes, max_dp=CHAIN_MAX_DP, grid=False)
+    assert full is not None and capped is not None
+    assert capped[1].step_s == full[1].step_s and len(full[0].pipelines) == 1
+    res = search(model, cluster, training, cost=COST)
+    assert res.prediction.step_s <= full[1].step_s * (1 + 1e-9)

@@ -23,6 +23,7 @@ from solvers.partition import split_frontier
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 fg = sys.modules["planner.search.flagscale_grid"]  # `planner.search` is also a function name
+cb = sys.modules["planner.search.chain_bounds"]
 
 # 2 x H100-80GB + 4 x V100-16GB: the small V100s need a wide tensor-parallel group for gpt3-2.7b
 # layers, the H100s do best with a narrow one, which one Megatron grid (one tp) cannot express.
@@ -164,7 +165,7 @@ def test_batched_frontiers_give_the_general_dp_plans(two_type, monkeypatch: pyte
 
 
 def test_tail_levels_bound_is_below_the_exact_frontier() -> None:
-    """`_tail_levels_bound` never exceeds the least A + (m - 1)·C + E of the run order's full
+    """`chain_bounds.tail_levels_bound` never exceeds the least A + (m - 1)·C + E of the run order's full
     (A, C, E) frontier (the general DP), is finite where it applies, and is close (here within
     2 %: it is what lets most orders skip that frontier)."""
     from solvers.partition import min_max_tail
@@ -194,9 +195,39 @@ def test_tail_levels_bound_is_below_the_exact_frontier() -> None:
                 plain = split_frontier(pos, max_in_flight=len(pos), with_tail=False)
                 e_lo = min_max_tail(pos, len(pos))
                 e_hi = max(sp.e_s for sp in plain)
-                bound = fg._tail_levels_bound(views, order, g.microbatches, e_lo, e_hi)
+                bound = cb.tail_levels_bound(views, order, g.microbatches, e_lo, e_hi)
                 assert bound <= exact * (1 + 1e-12), (order, bound, exact)
                 assert not math.isfinite(bound) or bound >= exact * (1 - 2e-2)
                 assert math.isfinite(bound) or e_hi <= e_lo  # one tail level: nothing to bound
                 checked += math.isfinite(bound)
     assert checked >= 8
+
+
+def test_least_largest_tail_is_below_the_min_max_dp() -> None:
+    """The chain queue's tail floor (`chain_bounds.least_largest_tail`: stage capacity per tail level, layers
+    not kept contiguous) never exceeds the exact least largest tail of the run order (the min-max
+    DP over contiguous splits), and is not trivially zero."""
+    from solvers.partition import min_max_tail
+
+    cost = AnalyticCostModel()
+    model = get_model("llama2-13b")
+    cluster = load_cluster(EXAMPLES / "mixed.yaml")
+    training = TrainingSpec(global_batch=64, seq_len=4096, micro_batches=(1,))
+    classes = resource_classes(cluster)
+    floors = []
+    for g in fg._groups(model, training, classes, [1])[:4]:
+        widths = [fg._widths(cost, model, training, rc, g, cluster.single_node) for rc in classes]
+        ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, cluster.single_node)
+        opts = {id(w): fg._masked(build_options(cost, classes[w.cls], list(w.shapes), ctx)) for ws in widths for w in ws}
+        by_len = {k: cb.tails_by_length(o) for k, o in opts.items()}
+        for ws in itertools.product(*[w[:2] for w in widths if w]):
+            for counts in [(1,) * len(ws), (2,) * len(ws), (1, 3)[:len(ws)]]:
+                order = tuple(zip(ws, counts))
+                pos = [opts[id(w)] for w, p in order for _ in range(p)]
+                floor = cb.least_largest_tail([(by_len[id(w)], p) for w, p in order])
+                exact = min_max_tail(pos, 1)
+                if exact is None:  # no split fits: nothing to bound
+                    continue
+                assert floor <= exact * (1 + 1e-12), (order, floor, exact)
+                floors.append(floor)
+    assert len(floors) > 20 and min(floors) > 0

@@ -82,10 +82,10 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
 
     Where the best plan's tail (exposed gradient sync and optimizer step) is at least
     `CHAIN_TAIL_SHARE` of its step (`tail_share`), `CHAIN_DEEP_DP` DPs: fewer, longer pipelines
-    sync over fewer replicas, and the bounds that order the queue leave tails out, so such chains
-    come late. On `chain_check.py --seed 23` three pools with tails of 7-16 % of the step got
-    chains 2.4, 1.3 and 2.3 % faster than with 128 DPs; the candidate took 0.7-2.4 s there
-    instead of 0.2-0.5 s (one run each, beside another search)."""
+    sync over fewer replicas, and the bounds that order the queue count only the least tail any
+    split of a chain can have, so such chains may come late. On `chain_check.py --seed 23` two
+    pools with tails of 7-16 % of the step got chains 1.3 and 2.3 % faster than with 128 DPs; the
+    candidate took 0.7-2.4 s there instead of 0.2-0.5 s (one run each, beside another search)."""
     from planner.search.flagscale_grid import best_flagscale_plan
 
     budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP

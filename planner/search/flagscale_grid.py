@@ -14,7 +14,8 @@ each stage's (tp, stage dp) among the shapes of that width, so one class may hol
 with R·w·p GPUs of the class at most; runs in every order of the classes used (at most
 `_PERMUTE_UPTO` classes; beyond that file order and memory order). Each run sequence's layer split is
 solved exactly (`solvers.partition.split_frontier`, memory per position). Run sequences are visited
-best-first by lower bounds (fluid, then integral layers, then the DP without tail caps), so the result
+best-first by lower bounds (fluid, then integral layers plus the least largest tail any split can
+have, then the DP without tail caps), so the result
 is the best plan of this space under the cost model unless a cap was hit.
 
 Placement fills each class's GPUs in rank order (stage, replica, stage devices), so every tp·cp group
@@ -39,6 +40,14 @@ from planner.emit.flagscale import hetero_section
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
+from planner.search.chain_bounds import (
+    MeshWidth,
+    fluid_bounds,
+    integral_bound,
+    least_largest_tail,
+    tail_levels_bound,
+    tails_by_length,
+)
 from planner.search.megatron_grid import best_megatron_plan
 from planner.search.options import OptionContext, build_options
 from planner.search.space import (
@@ -50,7 +59,7 @@ from planner.search.space import (
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import batched_capped_points, batched_frontiers, batched_min_max_tails
+from solvers.batched_runs import batched_frontiers, batched_min_max_tails
 from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import UniformView, uniform_view
 
@@ -58,7 +67,6 @@ _PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
 _COMBO_LIMIT = 100_000  # most run combinations per (b, cp, recompute, R) before stage counts are thinned
 _MAX_DP = 3000  # most partition-DP runs (a deterministic cap; hitting it adds the Megatron grid)
 _KEEP = 8  # candidates kept for the final validation
-_TAIL_LEVELS = 12  # tail caps of the bound that decides whether an order needs its (A, C, E) frontier
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +78,6 @@ class _Group:
     recompute: str
     replicas: int
     microbatches: int
-
-
-@dataclass(frozen=True, eq=False)
-class _Width:
-    """Stages of one width on one class within a group, with what the lower bounds need."""
-
-    cls: int
-    width: int  # GPUs per stage per replica
-    shapes: tuple[StageShape, ...]
-    dec_s: float  # least F+B of any decoder layer over the shapes (no receives)
-    recv_s: float  # least receive time over the shapes
-    kmax: int  # most decoder layers one stage can hold (one microbatch in flight)
 
 
 def _most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capacity: float) -> int:
@@ -101,7 +97,7 @@ def _most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capaci
 
 
 def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass, g: _Group,
-            single_node: bool, memo: dict | None = None) -> list[_Width]:
+            single_node: bool, memo: dict | None = None) -> list[MeshWidth]:
     """This class's stage widths for the group, each with its costable shapes. `memo` keeps what
     does not depend on the replica count (shapes, layer tables, decoder and receive times) and each
     memory limit, across groups."""
@@ -133,7 +129,7 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
     for width, rows in sorted(by_width.items()):
         if max(r[3] for r in rows) == 0:
             continue
-        out.append(_Width(rc.index, width, tuple(r[0] for r in rows), min(r[1] for r in rows),
+        out.append(MeshWidth(rc.index, width, tuple(r[0] for r in rows), min(r[1] for r in rows),
                           min(r[2] for r in rows), max(r[3] for r in rows)))
     return out
 
@@ -154,14 +150,14 @@ def _stage_counts(most: int, whole_nodes: int, thin: int) -> list[int]:
     return sorted(out)
 
 
-def _choices(widths: list[list[_Width]], classes: list[ResourceClass], g: _Group,
-             n_dec: int) -> tuple[list[list[tuple[_Width | None, int]]], bool]:
+def _choices(widths: list[list[MeshWidth]], classes: list[ResourceClass], g: _Group,
+             n_dec: int) -> tuple[list[list[tuple[MeshWidth | None, int]]], bool]:
     """Per class: unused, or (width, stage count); thinned until the product is at most _COMBO_LIMIT.
     The flag says whether the Megatron grid may have been thinned away."""
     for thin in range(4):
         out = []
         for ws, rc in zip(widths, classes):
-            row: list[tuple[_Width | None, int]] = [(None, 0)]
+            row: list[tuple[MeshWidth | None, int]] = [(None, 0)]
             for w in ws:
                 most = min(rc.gpus // (g.replicas * w.width), n_dec)
                 per_stage = g.replicas * w.width
@@ -178,58 +174,8 @@ def _choices(widths: list[list[_Width]], classes: list[ResourceClass], g: _Group
     return out, True
 
 
-def _fluid_bounds(choices: list[list[tuple[_Width | None, int]]], n_dec: int, m: int,
-                  overhead_s: float) -> np.ndarray:
-    """Step-time lower bound of every run combination (fluid bottleneck, no receives); inf = impossible."""
-    k = len(choices)
-    shape = tuple(len(c) for c in choices)
-    speed, stages, a_s = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    dmax, dmin, cap = np.zeros(shape), np.full(shape, math.inf), np.zeros(shape)
-    for ci, row in enumerate(choices):
-        view = [1] * k
-        view[ci] = -1
-        p = np.array([c[1] for c in row], dtype=float)
-        d = np.array([c[0].dec_s if c[0] else 0.0 for c in row])
-        km = np.array([c[0].kmax if c[0] else 0 for c in row], dtype=float)
-        used = p > 0
-        speed = speed + np.where(used, p / np.where(used, d, 1.0), 0.0).reshape(view)
-        stages = stages + p.reshape(view)
-        a_s = a_s + (p * d).reshape(view)
-        dmax = np.maximum(dmax, d.reshape(view))
-        dmin = np.minimum(dmin, np.where(used, d, math.inf).reshape(view))
-        cap = cap + (p * km).reshape(view)
-    ok = (stages >= 1) & (stages <= n_dec) & (cap >= n_dec) & (speed > 0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = np.maximum(n_dec / speed, dmax)
-        a = np.maximum(a_s + (n_dec - stages) * dmin, c)
-        return np.where(ok, a + (m - 1) * c + overhead_s, math.inf)
-
-
-def _integral_bound(meshes: list[tuple[_Width, int]], n_dec: int, m: int, overhead_s: float) -> float:
-    """Lower bound with whole decoder layers per stage, per-stage memory caps and receives."""
-    stages = sum(p for _, p in meshes)
-    if stages > n_dec or sum(w.kmax * p for w, p in meshes) < n_dec:
-        return math.inf
-    on = 1.0 if stages > 1 else 0.0  # every stage of a multi-stage pipeline receives at least once
-
-    def layers_within(c_s: float) -> int:
-        return sum(p * min(w.kmax, max(0, math.floor((c_s - on * w.recv_s) / w.dec_s * (1 + 1e-12))))
-                   for w, p in meshes)
-
-    cands = sorted({k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)})
-    lo, hi = 0, len(cands) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if layers_within(cands[mid]) >= n_dec else (mid + 1, hi)
-    c_s = max(cands[lo], max(w.dec_s + on * w.recv_s for w, _ in meshes))
-    dmin = min(w.dec_s for w, _ in meshes)
-    rmin = min(w.recv_s for w, _ in meshes)
-    a_s = sum(p * w.dec_s for w, p in meshes) + (n_dec - stages) * dmin + 2 * (stages - 1) * rmin
-    return max(a_s, c_s) + (m - 1) * c_s + overhead_s
-
-
-def _orders(meshes: list[tuple[_Width, int]], classes: list[ResourceClass],
-            capacity: dict[int, float]) -> list[tuple[tuple[_Width, int], ...]]:
+def _orders(meshes: list[tuple[MeshWidth, int]], classes: list[ResourceClass],
+            capacity: dict[int, float]) -> list[tuple[tuple[MeshWidth, int], ...]]:
     """Run orders tried: all when few classes, else file order and largest / smallest memory first."""
     base = tuple(sorted(meshes, key=lambda x: x[0].cls))
     if len(base) <= _PERMUTE_UPTO:
@@ -252,27 +198,8 @@ def _value(sp: Split, m: int) -> float:
     return sp.a_s + (m - 1) * sp.c_s + sp.e_s
 
 
-def _tail_levels_bound(views: dict[int, UniformView | None], order: tuple[tuple[_Width, int], ...], m: int,
-                       e_lo: float, e_hi: float) -> float:
-    """A lower bound on the run order's least A + (m - 1)·C + E (`views` by id of each width),
-    between the level-1 bound and the exact (A, C, E) frontier, for a fraction of the latter's
-    cost. With P(e) the least A + (m - 1)·C of splits whose tails are all <= e, from one batched
-    sweep over `_TAIL_LEVELS` caps e_1 < ... < e_K = e_hi spread over (e_lo, e_hi] (e_lo: the least
-    largest tail of any split; e_hi: the largest tail on the (A, C) frontier, so P(e_hi) is the least
-    A + (m - 1)·C of all), a split whose largest tail lies in (e_(j-1), e_j] costs at least
-    P(e_j) + e_(j-1), and one above e_K at least P(e_K) + e_K. -inf where the batched sweep does not
-    apply (a view is not uniform, or fewer microbatches than stages)."""
-    if m < sum(p for _, p in order) or any(views.get(id(w)) is None for w, _ in order) or not e_hi > e_lo:
-        return -math.inf
-    caps = [float(e) for e in np.linspace(e_lo, e_hi, _TAIL_LEVELS + 1)[1:]]
-    row = tuple(x for w, p in order for x in (id(w), p))
-    points = batched_capped_points({id(w): views[id(w)] for w, _ in order}, [row] * len(caps), caps)
-    least = [min((a + (m - 1) * c for a, c in points.get(j, [])), default=math.inf) for j in range(len(caps))]
-    return min(min(p + e for p, e in zip(least, [e_lo] + caps[:-1])), least[-1] + caps[-1])
-
-
 def _place(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, classes: list[ResourceClass],
-           g: _Group, order: tuple[tuple[_Width, int], ...], split: Split) -> Plan:
+           g: _Group, order: tuple[tuple[MeshWidth, int], ...], split: Split) -> Plan:
     """Fill each class's GPUs in global rank order (stage, replica, stage devices)."""
     pools = {rc.index: [(n.name, i) for n in cluster.node_list if n.group in rc.groups for i in range(n.gpus)]
              for rc in classes}
@@ -332,7 +259,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
     groups = _groups(model, training, classes, sizes)
     width_memo: dict = {}
-    grids: list[tuple[list[list[tuple[_Width | None, int]]], tuple[int, ...]]] = []
+    grids: list[tuple[list[list[tuple[MeshWidth | None, int]]], tuple[int, ...]]] = []
     lbs, gids, flats = [np.zeros(0)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     inexact = False
     for gi, g in enumerate(groups):
@@ -340,7 +267,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         choices, thinned = _choices(widths, classes, g, n_dec)
         inexact |= thinned
         grids.append((choices, tuple(len(c) for c in choices)))
-        lb = _fluid_bounds(choices, n_dec, g.microbatches, overhead).ravel()
+        lb = fluid_bounds(choices, n_dec, g.microbatches, overhead).ravel()
         keep = np.flatnonzero(np.isfinite(lb))
         lbs.append(lb[keep])
         gids.append(np.full(len(keep), gi, dtype=np.int64))
@@ -351,6 +278,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
     cands: list[tuple[float, tuple[int, int, int], tuple, Split]] = []
     opts_cache: dict[tuple[int, int], StageOptions] = {}
     views: dict[tuple[int, int], UniformView | None] = {}
+    tails_by_len: dict[tuple[int, int], np.ndarray] = {}
     dp_runs, ptr = 0, 0
 
     def incumbent() -> float:
@@ -361,13 +289,20 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         cands.sort(key=lambda c: (c[0], c[1]))
         del cands[_KEEP:]
 
-    def options_of(gi: int, w: _Width) -> StageOptions:
+    def options_of(gi: int, w: MeshWidth) -> StageOptions:
         key = (gi, id(w))
         if key not in opts_cache:
             g = groups[gi]
             ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
             opts_cache[key] = _masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
         return opts_cache[key]
+
+    def tail_floor(gi: int, meshes: list[tuple[MeshWidth, int]]) -> float:
+        """A lower bound on the largest tail of any split (`least_largest_tail`)."""
+        for w, _ in meshes:
+            if (gi, id(w)) not in tails_by_len:
+                tails_by_len[(gi, id(w))] = tails_by_length(options_of(gi, w))
+        return least_largest_tail([(tails_by_len[(gi, id(w))], p) for w, p in meshes])
 
     def positions(gi: int, order: tuple) -> list[StageOptions]:
         return [options_of(gi, w) for w, p in order for _ in range(p)]
@@ -409,13 +344,17 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
             choices, shape = grids[gi]
             picks = np.unravel_index(flat, shape)
             meshes = [choices[c][int(i)] for c, i in enumerate(picks) if choices[c][int(i)][0] is not None]
-            lb1 = _integral_bound(meshes, n_dec, groups[gi].microbatches, overhead)
+            lb1 = integral_bound(meshes, n_dec, groups[gi].microbatches, overhead)
             if lb1 < incumbent():
-                heapq.heappush(heap, (lb1, (gi, flat, -1), 1, meshes))
+                heapq.heappush(heap, (lb1, (gi, flat, -1), 0, meshes))
             continue
-        _, (gi, flat, oi), level, payload = heapq.heappop(heap)
+        key, (gi, flat, oi), level, payload = heapq.heappop(heap)
         m = groups[gi].microbatches
-        if level == 1:  # every run order: DP without tail caps gives a plan and a tighter bound
+        if level == 0:  # add the tail every split pays (sync and optimizer): chains queue by their whole step
+            lb1 = key + tail_floor(gi, payload)
+            if lb1 < incumbent():
+                heapq.heappush(heap, (lb1, (gi, flat, -1), 1, payload))
+        elif level == 1:  # every run order: DP without tail caps gives a plan and a tighter bound
             orders = _orders(payload, classes, capacity)
             for oi, (order, (front, e_min)) in enumerate(zip(orders, frontiers(gi, orders))):
                 dp_runs += 1
@@ -429,7 +368,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         else:  # the full (A, C, E) frontier: exact for this run order
             order, e_lo, e_hi = payload
             mine = {id(w): views.get((gi, id(w))) for w, _ in order}
-            if _tail_levels_bound(mine, order, m, e_lo, e_hi) + overhead >= incumbent():
+            if tail_levels_bound(mine, order, m, e_lo, e_hi) + overhead >= incumbent():
                 continue
             pos = positions(gi, order)
             front = split_frontier(pos, max_in_flight=min(m, len(pos)))

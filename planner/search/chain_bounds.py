@@ -1,0 +1,132 @@
+"""Lower bounds that order the FlagScale chain queue (`flagscale_grid.best_flagscale_plan`).
+
+A chain is a run of meshes (`MeshWidth`, stage count) on one pipeline template; its step is
+A + (m - 1)·C + E plus the fixed overhead, over every layer split. Each bound here is at most that
+for every split of the chains it stands for, from cheapest to tightest: the fluid bottleneck of
+every run combination at once (`fluid_bounds`), whole decoder layers per stage with memory caps and
+receives (`integral_bound`), the least largest tail any split can have (`least_largest_tail`, added
+to the former), and per run order a few tail-capped levels of its frontier (`tail_levels_bound`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.search.space import StageShape
+from solvers.batched_runs import batched_capped_points
+from solvers.partition import StageOptions
+from solvers.uniform_layers import UniformView
+
+TAIL_LEVELS = 12  # tail caps of the bound that decides whether an order needs its (A, C, E) frontier
+
+
+@dataclass(frozen=True, eq=False)
+class MeshWidth:
+    """Stages of one width on one class within a group, with what the lower bounds need."""
+
+    cls: int
+    width: int  # GPUs per stage per replica
+    shapes: tuple[StageShape, ...]
+    dec_s: float  # least F+B of any decoder layer over the shapes (no receives)
+    recv_s: float  # least receive time over the shapes
+    kmax: int  # most decoder layers one stage can hold (one microbatch in flight)
+
+
+def fluid_bounds(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: int, m: int,
+                 overhead_s: float) -> np.ndarray:
+    """Step-time lower bound of every run combination (fluid bottleneck, no receives); inf = impossible."""
+    k = len(choices)
+    shape = tuple(len(c) for c in choices)
+    speed, stages, a_s = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    dmax, dmin, cap = np.zeros(shape), np.full(shape, math.inf), np.zeros(shape)
+    for ci, row in enumerate(choices):
+        view = [1] * k
+        view[ci] = -1
+        p = np.array([c[1] for c in row], dtype=float)
+        d = np.array([c[0].dec_s if c[0] else 0.0 for c in row])
+        km = np.array([c[0].kmax if c[0] else 0 for c in row], dtype=float)
+        used = p > 0
+        speed = speed + np.where(used, p / np.where(used, d, 1.0), 0.0).reshape(view)
+        stages = stages + p.reshape(view)
+        a_s = a_s + (p * d).reshape(view)
+        dmax = np.maximum(dmax, d.reshape(view))
+        dmin = np.minimum(dmin, np.where(used, d, math.inf).reshape(view))
+        cap = cap + (p * km).reshape(view)
+    ok = (stages >= 1) & (stages <= n_dec) & (cap >= n_dec) & (speed > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.maximum(n_dec / speed, dmax)
+        a = np.maximum(a_s + (n_dec - stages) * dmin, c)
+        return np.where(ok, a + (m - 1) * c + overhead_s, math.inf)
+
+
+def integral_bound(meshes: list[tuple[MeshWidth, int]], n_dec: int, m: int, overhead_s: float) -> float:
+    """Lower bound with whole decoder layers per stage, per-stage memory caps and receives."""
+    stages = sum(p for _, p in meshes)
+    if stages > n_dec or sum(w.kmax * p for w, p in meshes) < n_dec:
+        return math.inf
+    on = 1.0 if stages > 1 else 0.0  # every stage of a multi-stage pipeline receives at least once
+
+    def layers_within(c_s: float) -> int:
+        return sum(p * min(w.kmax, max(0, math.floor((c_s - on * w.recv_s) / w.dec_s * (1 + 1e-12))))
+                   for w, p in meshes)
+
+    cands = sorted({k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)})
+    lo, hi = 0, len(cands) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if layers_within(cands[mid]) >= n_dec else (mid + 1, hi)
+    c_s = max(cands[lo], max(w.dec_s + on * w.recv_s for w, _ in meshes))
+    dmin = min(w.dec_s for w, _ in meshes)
+    rmin = min(w.recv_s for w, _ in meshes)
+    a_s = sum(p * w.dec_s for w, p in meshes) + (n_dec - stages) * dmin + 2 * (stages - 1) * rmin
+    return max(a_s, c_s) + (m - 1) * c_s + overhead_s
+
+
+def tail_levels_bound(views: dict[int, UniformView | None], order: tuple[tuple[MeshWidth, int], ...], m: int,
+                      e_lo: float, e_hi: float) -> float:
+    """A lower bound on the run order's least A + (m - 1)·C + E (`views` by id of each width),
+    between the level-1 bound and the exact (A, C, E) frontier, for a fraction of the latter's
+    cost. With P(e) the least A + (m - 1)·C of splits whose tails are all <= e, from one batched
+    sweep over `TAIL_LEVELS` caps e_1 < ... < e_K = e_hi spread over (e_lo, e_hi] (e_lo: the least
+    largest tail of any split; e_hi: the largest tail on the (A, C) frontier, so P(e_hi) is the least
+    A + (m - 1)·C of all), a split whose largest tail lies in (e_(j-1), e_j] costs at least
+    P(e_j) + e_(j-1), and one above e_K at least P(e_K) + e_K. -inf where the batched sweep does not
+    apply (a view is not uniform, or fewer microbatches than stages)."""
+    if m < sum(p for _, p in order) or any(views.get(id(w)) is None for w, _ in order) or not e_hi > e_lo:
+        return -math.inf
+    caps = [float(e) for e in np.linspace(e_lo, e_hi, TAIL_LEVELS + 1)[1:]]
+    row = tuple(x for w, p in order for x in (id(w), p))
+    points = batched_capped_points({id(w): views[id(w)] for w, _ in order}, [row] * len(caps), caps)
+    least = [min((a + (m - 1) * c for a, c in points.get(j, [])), default=math.inf) for j in range(len(caps))]
+    return min(min(p + e for p, e in zip(least, [e_lo] + caps[:-1])), least[-1] + caps[-1])
+
+
+def tails_by_length(opts: StageOptions) -> np.ndarray:
+    """Per layer count k, the least tail of a stage holding k consecutive layers (any option,
+    memory for one microbatch in flight); inf where no such stage exists."""
+    ok = np.isfinite(opts.fb) & (opts.mem_fixed + opts.act <= opts.capacity)
+    least = np.where(ok, opts.tail, math.inf).min(axis=0)  # (first, end)
+    n = opts.num_layers
+    return np.array([math.inf] + [float(np.diagonal(least, offset=k).min()) for k in range(1, n + 1)])
+
+
+def least_largest_tail(meshes: list[tuple[np.ndarray, int]]) -> float:
+    """The least E such that stages whose tails are all <= E can hold every layer: with t_w(k) the
+    least tail of a stage of mesh w holding k layers (`tails_by_length`), its p stages hold at most
+    p * max{k : t_w(k) <= E}. Every split's largest tail is at least this E (inf: none fits)."""
+    layers = len(meshes[0][0]) - 1
+    cands = sorted({float(x) for t, _ in meshes for x in t if math.isfinite(x)})
+
+    def holds(e: float) -> bool:
+        return sum(p * int(np.flatnonzero(t <= e).max(initial=0)) for t, p in meshes) >= layers
+
+    lo, hi = 0, len(cands) - 1
+    if not cands or not holds(cands[hi]):
+        return math.inf
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(cands[mid]) else (mid + 1, hi)
+    return cands[lo]
