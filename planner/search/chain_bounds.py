@@ -63,26 +63,44 @@ def fluid_bounds(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: int, 
 
 
 def integral_bound(meshes: list[tuple[MeshWidth, int]], n_dec: int, m: int, overhead_s: float) -> float:
-    """Lower bound with whole decoder layers per stage, per-stage memory caps and receives."""
+    """Lower bound with whole decoder layers per stage, per-stage memory caps and receives.
+
+    A split whose bottleneck is C has, on every stage of mesh w, k <= min(kmax, (C - r)/d) decoder
+    layers (d, r: the mesh's least decoder and receive time; r counted once where there are several
+    stages). For each candidate bottleneck c = k·d + r of some mesh at or above the least feasible
+    one, the least A that places every layer under those caps (at least one per stage, the rest on
+    the meshes of least d first) plus (m - 1)·c bounds every split whose bottleneck is at least c;
+    the least over c bounds them all. The scan stops once (m - 1)·c alone passes the best."""
     stages = sum(p for _, p in meshes)
     if stages > n_dec or sum(w.kmax * p for w, p in meshes) < n_dec:
         return math.inf
     on = 1.0 if stages > 1 else 0.0  # every stage of a multi-stage pipeline receives at least once
 
-    def layers_within(c_s: float) -> int:
-        return sum(p * min(w.kmax, max(0, math.floor((c_s - on * w.recv_s) / w.dec_s * (1 + 1e-12))))
-                   for w, p in meshes)
+    def caps(c_s: float) -> list[int]:
+        return [p * min(w.kmax, max(0, math.floor((c_s - on * w.recv_s) / w.dec_s * (1 + 1e-12))))
+                for w, p in meshes]
 
     cands = sorted({k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)})
+    cands = [c for c in cands if c >= max(w.dec_s + on * w.recv_s for w, _ in meshes)]
     lo, hi = 0, len(cands) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if layers_within(cands[mid]) >= n_dec else (mid + 1, hi)
-    c_s = max(cands[lo], max(w.dec_s + on * w.recv_s for w, _ in meshes))
-    dmin = min(w.dec_s for w, _ in meshes)
-    rmin = min(w.recv_s for w, _ in meshes)
-    a_s = sum(p * w.dec_s for w, p in meshes) + (n_dec - stages) * dmin + 2 * (stages - 1) * rmin
-    return max(a_s, c_s) + (m - 1) * c_s + overhead_s
+        lo, hi = (lo, mid) if sum(caps(cands[mid])) >= n_dec else (mid + 1, hi)
+    recvs = 2 * (stages - 1) * min(w.recv_s for w, _ in meshes)
+    by_speed = sorted(range(len(meshes)), key=lambda i: meshes[i][0].dec_s)
+    floor_a = sum(p * w.dec_s for w, p in meshes) + (n_dec - stages) * meshes[by_speed[0]][0].dec_s + recvs
+    best = math.inf
+    for c_s in cands[lo:]:
+        if max(floor_a, c_s) + (m - 1) * c_s >= best:
+            break
+        room, left, a_s = caps(c_s), n_dec - stages, recvs
+        for i in by_speed:  # one layer per stage, then the rest on the fastest meshes first
+            w, p = meshes[i]
+            extra = min(left, room[i] - p)
+            a_s += (p + extra) * w.dec_s
+            left -= extra
+        best = min(best, max(a_s, c_s) + (m - 1) * c_s)
+    return best + overhead_s
 
 
 def tail_levels_bound(views: dict[int, UniformView | None], order: tuple[tuple[MeshWidth, int], ...], m: int,
