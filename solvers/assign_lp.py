@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.assign import AssignProblem, Assignment, SolverStats, _caps
+from solvers.copy_time import least_time, least_true
 from solvers.deal import deal
 from solvers.few_copies import INTEGRAL_COPIES, whole_copies
 from solvers.small_lp import SmallLP
@@ -120,34 +121,10 @@ def unique_rows(usage: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _root(p: AssignProblem, allowed: np.ndarray, copies: np.ndarray, lo: float, hi: float) -> float:
     """Least T in [lo, hi] at which these (fractional, per-template) copies hold M microbatches;
-    `hi` must reach it. Bisection on a cheap monotone function (only the copies' templates are
-    costed), to 1e-12 relative."""
+    `hi` must reach it (`solvers.copy_time`: only the copies' templates are costed)."""
     used = np.flatnonzero((copies > 0) & allowed)
-    n = copies[used]
-    a, c = p.a_s[used], p.c_s[used]
     cap = np.minimum(p.max_microbatches[used], p.microbatches).astype(float)
-    enough = p.microbatches * (1 - 1e-12)
-
-    def holds(t: float) -> bool:  # the same capacities as `_kappa`, on the used templates
-        with np.errstate(invalid="ignore", divide="ignore"):
-            k = np.floor((t - a) / c + 1e-12) + 1
-        k = np.where(t + 1e-15 >= a, np.minimum(k, cap), 0.0)
-        return float(n @ k) >= enough
-
-    return _least_true(holds, lo, hi, 1e-12)
-
-
-def _least_true(holds, lo: float, hi: float, rel: float) -> float:
-    """Bisection for a monotone predicate false at lo and true at hi: hi within `rel` of the switch."""
-    for _ in range(200):
-        if hi - lo <= rel * hi:
-            break
-        mid = (lo + hi) / 2
-        if holds(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return least_time(p.a_s[used], p.c_s[used], cap, copies[used], p.microbatches * (1 - 1e-12), lo, hi)
 
 
 def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float | None,
@@ -239,21 +216,13 @@ def pipe_time_of(p: AssignProblem, counts: np.ndarray) -> float | None:
     used = np.flatnonzero(counts)
     if used.size == 0 or counts.sum() > p.microbatches:
         return None
-    n = counts[used]
+    n = counts[used].astype(float)
     a, c = p.a_s[used], p.c_s[used]
-    cap_max = np.minimum(p.max_microbatches[used], p.microbatches)
-
-    def holds(t: float) -> bool:
-        k = np.minimum(np.floor((t - a) / c + 1e-12) + 1, cap_max)
-        return bool(np.all(k >= 1)) and float(n @ k) >= p.microbatches
-
-    lo = float(np.max(a))
-    if holds(lo):
-        return lo
-    hi = float(np.max(a + (cap_max - 1) * c))
-    if not holds(hi):
+    cap_max = np.minimum(p.max_microbatches[used], p.microbatches).astype(float)
+    if float(n @ cap_max) < p.microbatches:
         return None
-    return _least_true(holds, lo, hi, 1e-13)
+    lo = float(np.max(a))  # every copy holds one by then
+    return least_time(a, c, cap_max, n, float(p.microbatches), lo, float(np.max(a + (cap_max - 1) * c)))
 
 
 def _fill(p: AssignProblem, counts: np.ndarray, order: np.ndarray, nonzero: list[list[tuple[int, int]]]) -> np.ndarray:
@@ -341,7 +310,7 @@ def _best_pair(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lo: flo
         return None
     if pick(t_lo) is not None:
         return pick(t_lo)
-    return pick(_least_true(lambda t: pick(t) is not None, t_lo, t_hi, 1e-9))
+    return pick(least_true(lambda t: pick(t) is not None, t_lo, t_hi, 1e-9))
 
 
 def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb: float,
