@@ -198,3 +198,19 @@ def test_polish_takes_the_units_the_best_plan_came_from(no_grid_candidate: None)
     res = search(get_model("opt-350m"), cluster, training, cost=COST)
     assert res.lower_bound_s <= res.prediction.step_s < 0.6220
     assert res.stats["units_polished"] > 4
+
+
+def test_polish_shards_optimizer_states_over_the_units_pipelines() -> None:
+    """Llama-2 7B with ZeRO-1, global batch 64, on 3x2 RTX-4090 + 3x4 V100-16 (`chain_check.py
+    --seed 28`, pool 14): plan templates are memory-checked as for one pipeline, where four or five
+    single RTX-4090 stages cannot hold their share of Llama-2 7B's optimizer states; with two
+    pipelines sharding them they can. The search returned one pipeline of six stages at 6.1409 s
+    (gap 2.8 %); the polish's templates are now checked for the unit's fewest pipelines (every plan
+    of the unit shards over at least that many) and find two pipelines at 6.0247 s."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="RTX-4090", nodes=3, gpus_per_node=2),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=3, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=64, seq_len=2048, zero=1)
+    res = search(get_model("llama2-7b"), cluster, training, cost=COST)
+    assert res.lower_bound_s <= res.prediction.step_s < 6.10
+    assert len(res.plan.pipelines) >= 2 and res.gap <= 0.02
+    assert any(sum(s.gpu == "RTX-4090" for s in p.stages) >= 4 for p in res.plan.pipelines)

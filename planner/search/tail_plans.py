@@ -16,6 +16,7 @@ import numpy as np
 from planner.search.options import pruned_options
 from planner.search.space import BlockType, skeleton_usage
 from planner.search.templates import Template, TemplateStage, prune_templates
+from planner.specs.training import TrainingSpec
 from solvers.batched_runs import batched_frontiers, batched_min_max_tails, row_skeleton
 from solvers.uniform_layers import INF, Kind, UniformView, uniform_view
 
@@ -56,11 +57,12 @@ def _levels(views: list[UniformView], ratio: float, lo: float | None = None, hi:
 
 class TailPlans:
     """The tail-capped plan templates of `BlocksProvider` (a mixin, like `TailLevels`: it reads the
-    provider's shapes, classes, skeleton rows, stage options and uniform flags)."""
+    provider's shapes, classes, skeleton rows, stage options, uniform flags and training spec)."""
 
     shapes: dict
     classes: list
     rows: dict
+    training: TrainingSpec
     _uniform: dict[BlockType, bool]
 
     def tail_plan_templates(self, replicas: int, groups: set[tuple[BlockType, ...]],
@@ -69,7 +71,11 @@ class TailPlans:
         only) with every stage's tail, costed for `replicas` pipelines, under each cap of `_levels`:
         from the least largest tail any of their splits can have (lower caps leave no split) up to
         `e_cap` (a plan with a larger tail cannot beat the best so far)."""
-        full = self._full_options(1)  # memory as for the plan templates
+        # memory as for the plan templates, but with ZeRO the optimizer states of every plan here
+        # are sharded over at least `replicas` pipelines: stages that fit only so (five single
+        # RTX-4090 stages of Llama-2 7B beside a second pipeline) become plans
+        r_mem = replicas if self.training.zero else 1
+        full = self._full_options(r_mem)
         groups = {g for g in groups if g in self.rows}
         for bt in {bt for g in groups for bt in g} - set(self._uniform):
             self._uniform[bt] = uniform_view(full[bt]) is not None  # as the frontiers would find
@@ -77,7 +83,7 @@ class TailPlans:
         if not groups:
             return []
         bts = sorted({bt for g in groups for bt in g})
-        with_tails = self._with_tails(1, self._tail_options(replicas, replicas), bts)
+        with_tails = self._with_tails(r_mem, self._tail_options(replicas, replicas), bts)
         opts, _, keep = pruned_options(with_tails, {bt: self.shapes[bt] for bt in bts}, use_tail=True,
                                        uniform=self._uniform)
         views = {bt: uniform_view(opts[bt], trusted=True) for bt in bts}
