@@ -464,3 +464,46 @@ def test_option_costing_recosts_any_replica_counts_as_a_fresh_build(zero: int) -
     assert np.all(eight.tail[finite] >= one.tail[finite]) and np.any(eight.tail[finite] > one.tail[finite])
     if zero:
         assert np.any(eight.mem_fixed[finite] < one.mem_fixed[finite])
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_zero_levels_dominate_every_split_with_memory_for_the_class(replicas: int) -> None:
+    """With ZeRO the levels of a replica class are memory-checked for its most pipelines, not the
+    search's (`TailLevels.level_templates`): every split that fits with optimizer states sharded
+    over that many pipelines is still dominated by a level template of its skeleton."""
+    training = TrainingSpec(global_batch=16, seq_len=2048, zero=1)
+    classes = resource_classes(CLUSTER)
+    shapes = {rc.index: stage_shapes(MODEL, training, rc, 1) for rc in classes}
+    provider = BlocksProvider(COST, MODEL, training, classes, block_types(shapes), tuple(rc.gpus for rc in classes),
+                              1, CLUSTER.single_node)
+    _, lb_set = provider.templates(replicas, replicas)
+    groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
+    new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf)
+    assert covered == groups and new
+    opts = provider._options(replicas, replicas)
+    by_skeleton: dict = {}
+    for t in new:
+        by_skeleton.setdefault(t.skeleton, []).append(t)
+    checked = 0
+    for sk in provider.skeletons:
+        if provider.skeleton_group(sk) not in covered:
+            continue
+        for split in split_frontier([opts[bt] for bt in sk], with_tail=True):
+            checked += 1
+            assert any(t.a_s <= split.a_s * (1 + 1e-9) and t.c_s <= split.c_s * (1 + 1e-9)
+                       and t.e_s <= split.e_s * (1 + 1e-9) for t in by_skeleton.get(sk, [])), (sk, split)
+    assert checked > 20
+
+
+def test_zero_refinement_checks_memory_for_the_units_pipelines() -> None:
+    """Llama-2 7B at 4,096 tokens with ZeRO-1, global batch 128, on 1 A10 + 3x4 T4
+    (`chain_check.py --seed 29`, pool 25): the levels were memory-checked with optimizer
+    states sharded over the search's most pipelines (13), so even the one-pipeline unit's bound
+    leaned on splits that fit only so: 46.156 s. Checked for the unit's own most pipelines it is
+    46.873 s (the plan: 52.468 s; the rest of the gap is the LP taking one copy of a 13-GPU
+    template for units of four and more pipelines)."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A10", nodes=1, gpus_per_node=1),
+                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=128, seq_len=4096, zero=1)
+    res = search(get_model("llama2-7b"), cluster, training, cost=COST)
+    assert 46.5 < res.lower_bound_s <= res.prediction.step_s

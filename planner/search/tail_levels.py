@@ -77,7 +77,10 @@ class TailLevels:
             if len(self._class_levels) >= TAIL_CACHE:
                 self._class_levels.pop(next(iter(self._class_levels)))
             tails = self._tail_options(*key)
-            self._class_levels[key] = (self._with_tails(self._r_lb, tails, list(tails)), {}, {})
+            # memory with ZeRO for the class's most pipelines (every plan of it shards optimizer
+            # states over at most that many), not the search's: tighter, and still below each plan
+            self._class_levels[key] = (self._with_tails(key[1] if self.training.zero else self._r_lb, tails,
+                                                        list(tails)), {}, {})
         with_tails, cache, pruned = self._class_levels[key]
         order = sorted(groups, key=lambda g: tuple((bt.cls, bt.gpus) for bt in g))
         missing = [g for g in order if (g, ratio) not in cache
