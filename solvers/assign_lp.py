@@ -36,6 +36,20 @@ from solvers.few_copies import INTEGRAL_COPIES, whole_copies
 from solvers.small_lp import SmallLP
 
 
+def joinable(p: AssignProblem) -> np.ndarray:
+    """Templates that fit in a plan of at least `p.replicas[0]` copies: with the fewest GPUs any
+    template uses for each other copy, in every class and in all. The LP drops the lower limit
+    on the pipeline count, so without this it bounds a unit of four pipelines by one copy of a
+    template using the whole pool (`benchmarks/chain_check.py --seed 29` pool 25); leaving out
+    templates no plan of the unit can hold keeps every bound valid."""
+    others = max(p.replicas[0], 1) - 1
+    if not others or not len(p.a_s):
+        return np.ones(len(p.a_s), dtype=bool)
+    least = p.usage.min(axis=0)
+    total = p.usage.sum(axis=1)
+    return np.all(p.usage + others * least <= p.avail, axis=1) & (total + others * int(total.min()) <= int(p.avail.sum()))
+
+
 def _kappa(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:
     """Per-copy capacity at pipeline time t: whole microbatches (only the copy counts are relaxed)."""
     return _caps(p, allowed, t).astype(float)
@@ -178,7 +192,8 @@ def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_
                         floor: float = 0.0) -> float | None:
     """A lower bound on the least max pipeline time of any plan of p (tails ignored), or None when
     the LP shows that no plan exists. `floor`: a known lower bound on it (see `_lp_time`), e.g.
-    the bound of the same templates with more pipelines allowed."""
+    the bound of the same templates with more pipelines allowed: every template takes part
+    (no `joinable`), so that bound only falls as the replica class rises."""
     stats = stats or SolverStats()
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
@@ -207,12 +222,13 @@ def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
     if len(levels) > max_levels:
         levels = levels[np.unique(np.linspace(0, len(levels) - 1, max_levels).round().astype(int))]
     used = np.zeros(len(p.a_s), dtype=bool)
+    fits = joinable(p)
     for slack in SUPPORT_SLACKS:
         below = float(np.min(p.e_s))
         for e in levels:
             # tails up to e, pipeline time as if the tail were the previous sampled level (plus the
             # slack, for a merged tail range reaching below it)
-            kappa = _kappa(p, p.e_s <= e, total_s - below + slack * total_s)
+            kappa = _kappa(p, (p.e_s <= e) & fits, total_s - below + slack * total_s)
             best, rep = lp.best_per_group(kappa)
             value, x = lp.solve(best)
             if value >= p.microbatches * (1 - 1e-12):
@@ -393,12 +409,13 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
     levels = np.unique(p.e_s)
+    fits = joinable(p)
     memo: dict[int, float | None] = {}
     best: Assignment | None = None
 
     def f(i: int) -> float | None:
         if i not in memo:
-            allowed = p.e_s <= levels[i]
+            allowed = (p.e_s <= levels[i]) & fits
             # fewer templates need at least the time of any larger level's bound
             floor = max((v for j, v in memo.items() if j > i and v is not None), default=0.0)
             memo[i] = _lp_time(p, lp, allowed, None, rel_tol / 10, floor)
@@ -417,7 +434,7 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
         t = f(i)
         if t is None or t + levels[0] >= target():
             return
-        cand = _plan_at_level(p, lp, p.e_s <= levels[i], t, rel_tol)
+        cand = _plan_at_level(p, lp, (p.e_s <= levels[i]) & fits, t, rel_tol)
         if cand is not None and (best is None or cand.objective_s < best.objective_s - 1e-15):
             best = cand
 

@@ -141,7 +141,7 @@ def test_best_pair_is_the_least_time_of_one_or_two_copies(seed: int) -> None:
     """`_best_pair` returns copies as fast (to its 1e-9 bisection) as the best one or two copies
     brute force finds, and they fit the GPUs and the replica range."""
     from solvers.assign import SolverStats
-    from solvers.assign_lp import _CapacityLP, _best_pair, pipe_time_of, unique_rows
+    from solvers.assign_lp import _best_pair, _CapacityLP, pipe_time_of, unique_rows
 
     rng = np.random.default_rng(700 + seed)
     p = _random_problem(rng)
@@ -209,3 +209,32 @@ def test_bound_of_few_pipelines_is_the_integer_optimum(seed: int) -> None:
         return
     assert got is not None
     assert truth * (1 - 2e-4) <= got <= truth * (1 + 1e-9)
+
+
+def test_bound_with_a_lower_limit_on_pipelines_holds_and_tightens() -> None:
+    """Units of at least two pipelines: the LP leaves out templates no plan of that many copies
+    can hold (`assign_lp.joinable`); the bound stays below every plan (oracle) and is above the
+    bound with every template on some problems."""
+    from dataclasses import replace
+
+    from solvers import assign_lp
+
+    rng = np.random.default_rng(5)
+    checked = tighter = 0
+    for _ in range(300):
+        p = _random_problem(rng)
+        lo = int(rng.integers(2, 4))
+        p = replace(p, replicas=(lo, lo + int(rng.integers(0, 3))))
+        truth = _oracle(p)
+        got = solve_assignment_lp(p)
+        if truth is None:
+            assert got is None or not any(got.counts)
+            continue
+        assert got is not None and got.bound_s <= truth * (1 + 1e-9)
+        checked += 1
+        everyone = np.ones(len(p.a_s), dtype=bool)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(assign_lp, "joinable", lambda q: everyone)
+            loose = solve_assignment_lp(p)
+        tighter += loose is not None and got.bound_s > loose.bound_s * (1 + 1e-6)
+    assert checked > 50 and tighter > 0
