@@ -67,15 +67,21 @@ def test_level_templates_dominate_every_split(replicas: int, ratio: float, gener
     groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
     new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf, ratio=ratio)
     assert covered == groups and new
-    by_skeleton: dict = {}
-    for t in new:
-        by_skeleton.setdefault(t.skeleton, []).append(t)
     full = provider._options(1, 1)
     tails = provider._options(replicas, replicas, tails_only=True)
     opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
             for bt in full}
+    by_skeleton = _assert_levels_dominate(provider, new, covered, opts)
     old_tail = {t.skeleton: t.e_s for t in lb_set}
-    tighter = False
+    assert any(t.e_s > old_tail.get(sk, math.inf) * (1 + 1e-9) for sk, ts in by_skeleton.items() for t in ts)
+
+
+def _assert_levels_dominate(provider: BlocksProvider, new: list, covered: set, opts: dict) -> dict:
+    """Every exact (A, C, E) split of every covered skeleton under `opts` is dominated by a level
+    template of its skeleton; returns the templates by skeleton."""
+    by_skeleton: dict = {}
+    for t in new:
+        by_skeleton.setdefault(t.skeleton, []).append(t)
     checked = 0
     for sk in provider.skeletons:
         if provider.skeleton_group(sk) not in covered:
@@ -84,9 +90,8 @@ def test_level_templates_dominate_every_split(replicas: int, ratio: float, gener
             checked += 1
             assert any(t.a_s <= split.a_s * (1 + 1e-9) and t.c_s <= split.c_s * (1 + 1e-9)
                        and t.e_s <= split.e_s * (1 + 1e-9) for t in by_skeleton.get(sk, [])), (sk, split)
-        tighter |= any(t.e_s > old_tail.get(sk, math.inf) * (1 + 1e-9) for t in by_skeleton.get(sk, []))
     assert checked > 20
-    assert tighter
+    return by_skeleton
 
 
 BIG_CLUSTER = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
@@ -481,19 +486,7 @@ def test_zero_levels_dominate_every_split_with_memory_for_the_class(replicas: in
     groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
     new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf)
     assert covered == groups and new
-    opts = provider._options(replicas, replicas)
-    by_skeleton: dict = {}
-    for t in new:
-        by_skeleton.setdefault(t.skeleton, []).append(t)
-    checked = 0
-    for sk in provider.skeletons:
-        if provider.skeleton_group(sk) not in covered:
-            continue
-        for split in split_frontier([opts[bt] for bt in sk], with_tail=True):
-            checked += 1
-            assert any(t.a_s <= split.a_s * (1 + 1e-9) and t.c_s <= split.c_s * (1 + 1e-9)
-                       and t.e_s <= split.e_s * (1 + 1e-9) for t in by_skeleton.get(sk, [])), (sk, split)
-    assert checked > 20
+    _assert_levels_dominate(provider, new, covered, provider._options(replicas, replicas))
 
 
 def test_zero_refinement_checks_memory_for_the_units_pipelines() -> None:
