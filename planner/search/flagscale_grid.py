@@ -130,7 +130,7 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
         if max(r[3] for r in rows) == 0:
             continue
         out.append(MeshWidth(rc.index, width, tuple(r[0] for r in rows), min(r[1] for r in rows),
-                          min(r[2] for r in rows), max(r[3] for r in rows)))
+                              min(r[2] for r in rows), max(r[3] for r in rows)))
     return out
 
 
