@@ -47,7 +47,8 @@ def joinable(p: AssignProblem) -> np.ndarray:
         return np.ones(len(p.a_s), dtype=bool)
     least = p.usage.min(axis=0)
     total = p.usage.sum(axis=1)
-    return np.all(p.usage + others * least <= p.avail, axis=1) & (total + others * int(total.min()) <= int(p.avail.sum()))
+    per_class = np.all(p.usage + others * least <= p.avail, axis=1)
+    return per_class & (total + others * int(total.min()) <= int(p.avail.sum()))
 
 
 def _kappa(p: AssignProblem, allowed: np.ndarray, t: float) -> np.ndarray:

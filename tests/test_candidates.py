@@ -189,8 +189,9 @@ def test_chains_search_deeper_where_sync_tails_weigh() -> None:
     --seed 23`, pool 22): the best plan before the engine candidates runs two pipelines with an
     exposed sync and optimizer tail of 8 % of the step (4.650 s). One V100 (tp 8) x 2 -> A100 x 2
     -> RTX-4090 (tp 4) chain, no replica to sync with, runs 4.544 s; the chain search's queue,
-    whose bounds count only the least tail any split can have, reaches it only past 128 DPs. With tails at least 5 % of the
-    step the candidate runs 512, and the default search matches `--target flagscale`."""
+    whose bounds count only the least tail any split can have, reaches it only past 128 DPs. With
+    tails at least 5 % of the step the candidate runs 512, and the default search matches
+    `--target flagscale`."""
     cluster = ClusterSpec(nodes=[NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=8),
                                  NodeGroup(gpu="A100-SXM4-40GB", nodes=2, gpus_per_node=1),
                                  NodeGroup(gpu="RTX-4090", nodes=1, gpus_per_node=4)])

@@ -164,6 +164,11 @@ def test_batched_frontiers_give_the_general_dp_plans(two_type, monkeypatch: pyte
         assert a[0].to_json() == b[0].to_json() and a[1].step_s == b[1].step_s
 
 
+def _mesh_options(cost, classes, widths, ctx) -> dict:
+    """Each mesh width's stage options as the chain search masks them, by id of the width."""
+    return {id(w): fg._masked(build_options(cost, classes[w.cls], list(w.shapes), ctx)) for ws in widths for w in ws}
+
+
 def test_tail_levels_bound_is_below_the_exact_frontier() -> None:
     """`chain_bounds.tail_levels_bound` never exceeds the least A + (m - 1)·C + E of the run order's full
     (A, C, E) frontier (the general DP), is finite where it applies, and is close (here within
@@ -180,7 +185,7 @@ def test_tail_levels_bound_is_below_the_exact_frontier() -> None:
     for g in fg._groups(model, training, classes, [1])[:4]:
         widths = [fg._widths(cost, model, training, rc, g, cluster.single_node) for rc in classes]
         ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, cluster.single_node)
-        opts = {id(w): fg._masked(build_options(cost, classes[w.cls], list(w.shapes), ctx)) for ws in widths for w in ws}
+        opts = _mesh_options(cost, classes, widths, ctx)
         views = {k: uniform_view(o) for k, o in opts.items()}
         for ws in itertools.product(*[w[:2] for w in widths if w]):
             for counts in [(1,) * len(ws), (2,) * len(ws)]:
@@ -218,7 +223,7 @@ def test_least_largest_tail_is_below_the_min_max_dp() -> None:
     for g in fg._groups(model, training, classes, [1])[:4]:
         widths = [fg._widths(cost, model, training, rc, g, cluster.single_node) for rc in classes]
         ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, cluster.single_node)
-        opts = {id(w): fg._masked(build_options(cost, classes[w.cls], list(w.shapes), ctx)) for ws in widths for w in ws}
+        opts = _mesh_options(cost, classes, widths, ctx)
         by_len = {k: cb.tails_by_length(o) for k, o in opts.items()}
         for ws in itertools.product(*[w[:2] for w in widths if w]):
             for counts in [(1,) * len(ws), (2,) * len(ws), (1, 3)[:len(ws)]]:
@@ -246,7 +251,7 @@ def test_integral_bound_is_below_every_order_split() -> None:
     for g in fg._groups(model, training, classes, [1, 2])[::3]:
         widths = [fg._widths(cost, model, training, rc, g, cluster.single_node) for rc in classes]
         ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, cluster.single_node)
-        opts = {id(w): fg._masked(build_options(cost, classes[w.cls], list(w.shapes), ctx)) for ws in widths for w in ws}
+        opts = _mesh_options(cost, classes, widths, ctx)
         for ws in itertools.product(*[w[:2] for w in widths if w]):
             for counts in [(1,) * len(ws), (2, 1, 3)[:len(ws)], (3, 2, 1)[:len(ws)]]:
                 meshes = list(zip(ws, counts))
