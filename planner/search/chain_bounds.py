@@ -80,8 +80,9 @@ def integral_bound(meshes: list[tuple[MeshWidth, int]], n_dec: int, m: int, over
         return [p * min(w.kmax, max(0, math.floor((c_s - on * w.recv_s) / w.dec_s * (1 + 1e-12))))
                 for w, p in meshes]
 
-    cands = sorted({k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)})
-    cands = [c for c in cands if c >= max(w.dec_s + on * w.recv_s for w, _ in meshes)]
+    least_c = max(w.dec_s + on * w.recv_s for w, _ in meshes)  # every stage holds a layer
+    cands = sorted(c for c in {k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)}
+                   if c >= least_c)
     lo, hi = 0, len(cands) - 1
     while lo < hi:
         mid = (lo + hi) // 2

@@ -16,6 +16,7 @@ import numpy as np
 from planner.search.options import pruned_options
 from planner.search.space import BlockType, StageShape, skeleton_usage
 from planner.search.templates import Template, skeleton_group
+from planner.specs.training import TrainingSpec
 from solvers.batched_runs import Row, batched_capped_points, batched_min_max_tails, row_skeleton
 from solvers.partition import StageOptions, min_max_tail, tail_capped_frontier
 from solvers.uniform_layers import INF, uniform_view
@@ -45,14 +46,15 @@ def _cut(entry: tuple, e_cap: float, ratio: float) -> tuple | None:
 
 class TailLevels:
     """The tail-capped levels of `BlocksProvider` (a mixin: it reads the provider's shapes,
-    classes, skeleton rows, stage options and uniform views, and keeps the levels of the class it
-    last refined in `_class_levels`, a few classes deep)."""
+    classes, skeleton rows, stage options, uniform views and training spec, and keeps the levels of
+    the class it last refined in `_class_levels`, a few classes deep)."""
 
     shapes: dict[BlockType, list[StageShape]]
     skeletons: list[tuple[BlockType, ...]]
     _class_levels: dict[tuple[int, int], tuple[dict, dict, dict]]
     _groups: dict | None
     rows: dict[tuple[BlockType, ...], list[Row]]
+    training: TrainingSpec
     _uniform: dict[BlockType, bool]
 
     skeleton_group = staticmethod(skeleton_group)
