@@ -5,9 +5,11 @@
 Runs `planner.search` on `search_scale.ladder_cluster(g)` (Llama-2 13B, global batch
 max(256, 4g)) and prints, per pool, when each large-pool phase of `api.search` started and ended
 (seconds from the call): the split frontiers (`prefetch_frontiers`), the best-first units
-(`best_first`), refinement (`refine`) and the polish with the engine candidates (`finish`); the
-time before the frontiers is setup (stage shapes, skeletons), the time after `finish` the result's
-assembly. The phases are wrapped, not changed: the plan is the search's own.
+(`best_first`), the engine candidates run before refinement (`run_engines`), refinement (`refine`)
+and the polish, with the engine candidates when they run after refinement (`finish`: before
+refinement too, where the gap is open, `unit_loop.close_gap`; each call's span is shown); the
+time before the frontiers is setup (stage shapes, skeletons), the time after the last phase the
+result's assembly. The phases are wrapped, not changed: the plan is the search's own.
 """
 
 from __future__ import annotations
@@ -23,21 +25,22 @@ if __package__ in (None, ""):
 
 from benchmarks.search_scale import ladder_cluster
 from planner.costmodel.analytic import AnalyticCostModel
-from planner.search import api
+from planner.search import api, unit_loop
 from planner.specs import TrainingSpec
 from planner.specs.models import get_model
 
-PHASES = ("prefetch_frontiers", "best_first", "refine", "finish")
+PHASES = ((api, "prefetch_frontiers"), (api, "best_first"), (unit_loop, "run_engines"), (unit_loop, "refine"),
+          (unit_loop, "finish"))
 
 
-def timed(spans: dict[str, tuple[float, float]], name: str, fn: Callable, zero: list[float]) -> Callable:
-    """`fn`, recording (start, end) of its last call in `spans[name]`, from `zero[0]`."""
+def timed(spans: dict[str, list[tuple[float, float]]], name: str, fn: Callable, zero: list[float]) -> Callable:
+    """`fn`, recording (start, end) of each call in `spans[name]`, from `zero[0]`."""
     def run(*args: object, **kwargs: object) -> object:
         t = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            spans[name] = (t - zero[0], time.perf_counter() - zero[0])
+            spans.setdefault(name, []).append((t - zero[0], time.perf_counter() - zero[0]))
     return run
 
 
@@ -48,12 +51,12 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=120.0)
     args = ap.parse_args()
     model = get_model("llama2-13b")
-    spans: dict[str, tuple[float, float]] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
     zero = [0.0]
-    originals = {name: getattr(api, name) for name in PHASES}
-    for name, fn in originals.items():
-        setattr(api, name, timed(spans, name, fn, zero))
-    print("| GPUs | search s | " + " | ".join(f"{p} s" for p in PHASES) + " | step s | gap % |")
+    originals = {(module, name): getattr(module, name) for module, name in PHASES}
+    for (module, name), fn in originals.items():
+        setattr(module, name, timed(spans, name, fn, zero))
+    print("| GPUs | search s | " + " | ".join(f"{name} s" for _, name in PHASES) + " | step s | gap % |")
     print("|---" * (4 + len(PHASES)) + "|")
     try:
         for g in args.gpus:
@@ -63,12 +66,13 @@ def main() -> None:
             res = api.search(model, ladder_cluster(g), training, cost=AnalyticCostModel(),
                              time_limit=args.time_limit, workers=args.workers)
             total = time.perf_counter() - zero[0]
-            cells = [f"{spans[p][0]:.2f}-{spans[p][1]:.2f}" if p in spans else "-" for p in PHASES]
+            cells = [", ".join(f"{a:.2f}-{b:.2f}" for a, b in spans[name]) if name in spans else "-"
+                     for _, name in PHASES]
             print(f"| {g} | {total:.2f} | " + " | ".join(cells)
                   + f" | {res.prediction.step_s:.4f} | {100 * res.gap:.2f} |", flush=True)
     finally:
-        for name, fn in originals.items():
-            setattr(api, name, fn)
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
 
 
 if __name__ == "__main__":

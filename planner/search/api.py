@@ -38,7 +38,7 @@ from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.unit_loop import Progress, best_first, finish, gap_missed, refine, run_engines
+from planner.search.unit_loop import Progress, best_first, close_gap
 from planner.search.units import Candidate, Unit, UnitContext, coverage_rank, mixed_lengths, solve_unit
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -302,24 +302,18 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
             deadline = None if time_limit is None else start + time_limit
-            seconds: dict[str, float] = {}
-            # where the chains run whatever the gap, they (and the grid) run before refinement, so
-            # a faster chain sets its goal (`unit_loop.run_engines`); else after it, beside the
-            # polish, so that they can only replace the answer
-            engines_first = candidates and wants_chains(chains, coverages, classes)
-            if engines_first and not (deadline is not None and time.perf_counter() > deadline):
-                seconds = run_engines(ctx, pool, ["megatron_grid", "chain"], sizes, deadline)
-            if candidates and refine_gap is not None:
-                timed_out = refine(ctx, refine_gap, deadline, pool) or timed_out
             if candidates:
-                gap_open = refine_gap is not None and gap_missed(ctx, refine_gap)
-                engines = [] if engines_first or (deadline is not None and time.perf_counter() > deadline) else (
-                    ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes, gap_open) else []))
+                # where the chains run whatever the gap, they (and the grid) run before refinement,
+                # so that a faster chain sets its goal; else after it, beside the polish
+                early = ["megatron_grid", "chain"] if wants_chains(chains, coverages, classes) else []
+
+                def late(gap_open: bool) -> list[str]:
+                    return ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes, gap_open) else [])
+
                 mode = polish if polish == "always" or (polish == "auto" and refine_gap is not None) else None
-                cut, more = finish(ctx, refine_gap or 0.0, deadline, pool, sizes, mode, engines)
+                cut, seconds = close_gap(ctx, pool, sizes, refine_gap, mode, early, late, deadline)
                 timed_out = cut or timed_out
-                seconds.update(more)
-            grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
+                grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
     bounds.extend(su.bound_s for su in ctx.solved)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons

@@ -99,6 +99,12 @@ class SolvedUnit:
     unit: Unit
     lb_set: list[Template] | PackedTemplates
     ratio: float | None = None
+    polished: tuple[float | None] | None = None  # (ratio,) when its plan was last polished
+
+    def polish_due(self) -> bool:
+        """Whether polishing would start from bound templates not polished from yet: never
+        polished, or refined since (the polish takes the groups the bound leans on)."""
+        return self.polished != (self.ratio,)
 
     def next_ratio(self) -> float | None:
         """The ratio of its next refinement: the first, then finer ones; None when done."""
