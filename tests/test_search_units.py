@@ -316,3 +316,27 @@ def test_search_phases_times_each_phase_and_leaves_the_search_as_it_was(capsys, 
     plain = api.search(model, ladder_cluster(8), TrainingSpec(global_batch=256, seq_len=model.seq_len),
                        cost=AnalyticCostModel())
     assert cells[-2] == f"{plain.prediction.step_s:.4f}"
+
+
+def test_random_search_rows_are_the_searches_own(capsys, monkeypatch, tmp_path) -> None:
+    """`benchmarks/random_search.py`: one row per pool of `chain_check.py`'s draws, whose step and
+    gap are what the search returns on that pool, and the same rows in the CSV."""
+    import csv
+    import random
+    import sys
+
+    from benchmarks import random_search
+    from benchmarks.chain_check import draw
+    from planner.search import api
+
+    out = tmp_path / "rows.csv"
+    monkeypatch.setattr(sys, "argv", ["random_search.py", "--seed", "32", "--count", "1", "--csv", str(out)])
+    random_search.main()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 |")]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    name, model, cluster, training = draw(random.Random(32))
+    res = api.search(model, cluster, training, cost=AnalyticCostModel())
+    assert cells[1] == name and cells[5] == f"{res.prediction.step_s:.5f}" and cells[7] == f"{100 * res.gap:.2f}"
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == random_search.HEAD and rows[1] == cells
