@@ -190,13 +190,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     `polish` ("auto", "always", "never"): how many of the best units' plans are re-solved with
     tail-capped stage options (`unit_loop.finish`): "auto" the two lowest-bound units, four where
     the gap target is missed or the tails are large; "always" four; then the units the best plan
-    came from. The two lowest found 0.02-1.26 %
+    came from. Where the gap is open after the best-first units the polish also runs before
+    refinement, so that its plan sets refinement's goal (`unit_loop.close_gap`). The two lowest found 0.02-1.26 %
     faster plans on 4 of 20 pools (the 16 bench scenarios and the 8-64 GPU ladder rungs,
     `benchmarks/polish_check.py`), which a trigger on the gap alone had left unpolished.
 
-    Last, on the blocks coverage, alongside the polish and with the best plan before it as a
-    cutoff (`unit_loop.finish`), the best Megatron grid is searched and taken if faster than the
-    final best plan (`candidates.megatron_grid_candidate`), so the answer is never slower than any
+    On the blocks coverage the best Megatron grid is searched with the best plan so far as a
+    cutoff and taken if faster (`candidates.megatron_grid_candidate`), after refinement alongside
+    the polish, or before refinement where the chains below run whatever the gap
+    (`unit_loop.close_gap`), so the answer is never slower than any
     grid (on the exact coverage the grids are inside the exactly solved space); so are, with
     `chains` ("auto", "always", "never"), the most promising FlagScale mesh chains
     (`candidates.chain_candidate`), pipelines of any number of runs the coverage may leave out:

@@ -1,7 +1,8 @@
 """Plans from engine-restricted searches, added to the full search's candidates when faster.
 
-They run last, alongside the plan polish (`unit_loop.finish`) with the best step before it as a
-cutoff, and are taken only when faster than the final best plan, so they only replace the answer:
+They run with the best step so far as a cutoff and are taken only when faster than the best plan:
+before refinement where the chains run whatever the gap (so that their plan sets refinement's
+goal), else after it alongside the plan polish (`unit_loop.close_gap`):
 the best Megatron grid (the issue's "never slower than the best uniform Megatron plan", by
 construction) and the most promising FlagScale mesh chains (pipelines of any number of runs, which
 the blocks coverage caps). Their plans may lie outside the bound's coverage;
@@ -78,7 +79,8 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     faster, where three-run pipelines of eight stages use every GPU. Its queue is taken in order
     of bounds that every chain behind an entry costs at least, so under a looser cutoff the chains
     that beat a tighter one come from the same DPs in the same order, before any extra work
-    (`unit_loop.finish` runs it against the best plan before the polish).
+    (`unit_loop.close_gap` runs it against the best plan before refinement or before the
+    polish after it).
 
     Where the best plan's tail (exposed gradient sync and optimizer step) is at least
     `CHAIN_TAIL_SHARE` of its step (`tail_share`), `CHAIN_DEEP_DP` DPs: fewer, longer pipelines

@@ -1,6 +1,7 @@
 """The large-pool phases of `search`, after the split frontiers: units solved best-first by their
-cheap bounds (`best_first`), the lowest bounds tightened toward the gap target (`refine`), and the
-best units' plans re-solved with tail-capped stage options (`polish`). All of them take units from
+cheap bounds (`best_first`), then (`close_gap`) the engine candidates, the best units' plans
+re-solved with tail-capped stage options (the polish, `finish`) and the lowest bounds tightened
+toward the gap target (`refine`), in the order that finds the best plan soonest. All of them take units from
 one `UnitPool` and add to one `UnitContext`; none depends on how many workers the pool has."""
 
 from __future__ import annotations
@@ -129,9 +130,10 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     1.26 %, its gap 1.50 %; `benchmarks/polish_check.py`), for 0-2 s more search (about a fifth
     more on those pools; 2 s on the 64-GPU ladder rung, for 0.02 %, when units were polished one
     after the other in the parent). A unit whose bound is within 0.1 % of the best plan is not
-    polished.
+    polished, nor one polished before and not refined since (`SolvedUnit.polish_due`).
 
-    Engine candidates use the best step before the polish as their cutoff and are taken, in
+    Engine candidates (when `close_gap` did not run them before refinement) use the best step
+    before the polish as their cutoff and are taken, in
     `engines` order, only when faster than the best plan after it: a looser cutoff changes what
     they may spend, not which plan faster than the final best they find (`candidates`).
 
