@@ -292,6 +292,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     groups |= {provider.skeleton_group(across[k].skeleton) for k in np.flatnonzero(used_x)
                if across[k].skeleton is not None}
     groups |= {provider.skeleton_group(protos[plan_set[k].proto].skeleton) for k in np.flatnonzero(used)}
+    groups = _with_other_orders(groups, lb_set)
     # tails above e_cap cannot be in a plan that beats the incumbent
     pipe = pipeline_time_bound(plan_problem, ctx.stats)
     extra = provider.tail_plan_templates(u.lo, groups, e_cap=incumbent_s - overhead - (pipe or 0.0))
