@@ -88,6 +88,7 @@ def test_chain_candidate_uses_every_gpu_type_in_one_pipeline() -> None:
     # the covered space's bound, unrefined, is below the no-chain search's refined one
     assert res.stats["units_refined"] == 0 < without.stats["units_refined"]
     assert res.coverage_bound_s < without.lower_bound_s
+    assert res.coverage_bound_s <= without.prediction.step_s  # still below every covered plan
     assert res.lower_bound_s == min(res.coverage_bound_s, res.prediction.step_s)
     assert any("runs of stage groups" in line for line in res.explanation)
     assert without.lower_bound_s <= without.prediction.step_s
