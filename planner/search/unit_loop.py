@@ -206,7 +206,7 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
 def run_engines(ctx: UnitContext, pool: UnitPool, engines: list[str], sizes: list[int],
                 deadline: float | None) -> dict[str, float]:
     """Run the engine candidates now, before refinement, and take each one faster than the best
-    plan; the seconds each took. `api.search` does this where the mesh-chain candidate runs
+    plan; the seconds each took. `close_gap` does this where the mesh-chain candidate runs
     whatever the gap (the coverage leaves pipelines out): a chain faster than the coverage's
     plans lowers refinement's goal before any unit is refined, not after (`chain_check.py
     --seed 31` pool 26: refinement took 53 of a 77 s search, toward a goal the chain then beat)."""
