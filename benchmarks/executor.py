@@ -5,12 +5,19 @@ that other processes can unpickle it). `submit(task)` queues a task; `results()`
 `Outcome` for every task submitted so far, in completion order, until none is left. A worker that
 raises, or a process that dies, gives an Outcome with `error` set instead of stopping the sweep.
 Ray is imported only when asked for.
+
+A sweep that stops early (an exception, Ctrl-C, or SIGTERM turned into one by `stop_on_sigterm`)
+takes its worker processes with it: `LocalExecutor` terminates them rather than waiting for their
+tasks, and each worker terminates the processes it started (a search's own fork pool) on SIGTERM.
+Before, SIGTERM to `hetplan bench` left its spawned workers computing to the end of their tasks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -71,7 +78,8 @@ class LocalExecutor(_Closing, Generic[T]):
         import multiprocessing as mp
 
         self._worker = worker
-        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(start_method))
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(start_method),
+                                         initializer=_worker_init)
         self._pending: dict[Future[Any], T] = {}
 
     def submit(self, task: T) -> None:
@@ -87,9 +95,48 @@ class LocalExecutor(_Closing, Generic[T]):
                 except Exception as exc:  # noqa: BLE001 - a worker crash is a result, not the end of the sweep
                     yield Outcome(task, error=_one_line(exc))
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close(abort=kind is not None)
+
+    def close(self, abort: bool = False) -> None:
+        """Wait for the running tasks, or with `abort` (the sweep stopped early) terminate them."""
+        if abort:
+            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):  # no public way before 3.14
+                with contextlib.suppress(OSError):
+                    proc.terminate()
+        self._pool.shutdown(wait=not abort, cancel_futures=True)
         self._pending.clear()
+
+
+def _worker_init() -> None:
+    """In each worker: on SIGTERM, terminate the processes this worker started (a search's fork
+    pool) and exit at once. Raising instead would not do: the pool catches a task's exceptions,
+    SystemExit included, and goes on to the next task."""
+    signal.signal(signal.SIGTERM, _terminate_children)
+
+
+def _terminate_children(signum: int, frame: object) -> None:
+    import multiprocessing as mp
+
+    for child in mp.active_children():
+        with contextlib.suppress(OSError):
+            child.terminate()
+    os._exit(128 + signum)
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) in the main thread while inside, so that `with` blocks (an
+    executor's) unwind as on Ctrl-C; the previous handler comes back after."""
+    def stop(signum: int, frame: object) -> None:
+        sys.exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def import_ray() -> Any:
@@ -166,4 +213,4 @@ def make_executor(worker: Callable[[T], Any], backend: str, address: str | None 
     raise HetplanError("--backend", f"unknown backend '{backend}' (local, ray)")
 
 
-__all__ = ["Executor", "LocalExecutor", "Outcome", "RayExecutor", "import_ray", "make_executor"]
+__all__ = ["Executor", "LocalExecutor", "Outcome", "RayExecutor", "import_ray", "make_executor", "stop_on_sigterm"]

@@ -85,18 +85,19 @@ def run_bench(scenarios: list[str], backend: str, address: str | None, workers: 
     def make() -> Any:
         return executor.make_executor(runner.run_task, backend, address, workers)
 
-    if json_out or not sys.stderr.isatty():
-        result = runner.run_sweep(tasks, make, out, force)
-    else:
-        from rich.progress import Progress
+    with executor.stop_on_sigterm():  # SIGTERM unwinds the executor, which stops its workers
+        if json_out or not sys.stderr.isatty():
+            result = runner.run_sweep(tasks, make, out, force)
+        else:
+            from rich.progress import Progress
 
-        with Progress(console=err_console(), transient=True) as bar:
-            job = bar.add_task("benchmark", total=len(tasks))
+            with Progress(console=err_console(), transient=True) as bar:
+                job = bar.add_task("benchmark", total=len(tasks))
 
-            def tick(done: int, total: int, record: dict[str, Any]) -> None:
-                bar.update(job, completed=done, description=f"{record['scenario']} / {record['planner']}")
+                def tick(done: int, total: int, record: dict[str, Any]) -> None:
+                    bar.update(job, completed=done, description=f"{record['scenario']} / {record['planner']}")
 
-            result = runner.run_sweep(tasks, make, out, force, progress=tick)
+                result = runner.run_sweep(tasks, make, out, force, progress=tick)
     written = report.write_report(out, result.records) if out is not None else []
     rows = report.summary(result.records)
     if json_out:
