@@ -9,7 +9,6 @@ Ray is imported only when asked for.
 A sweep that stops early (an exception, Ctrl-C, or SIGTERM turned into one by `stop_on_sigterm`)
 takes its worker processes with it: `LocalExecutor` terminates them rather than waiting for their
 tasks, and each worker terminates the processes it started (a search's own fork pool) on SIGTERM.
-Before, SIGTERM to `hetplan bench` left its spawned workers computing to the end of their tasks.
 """
 
 from __future__ import annotations
