@@ -9,9 +9,11 @@ from benchmarks.baselines.megatron_uniform import best_uniform_plan
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.search import search
 from planner.search.providers import BlocksProvider
-from planner.search.space import block_types, resource_classes, stage_shapes
+from planner.search.space import BlockType, block_types, resource_classes, stage_shapes
+from planner.search.tail_plans import nearby_rows
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
+from solvers.batched_runs import skeleton_row
 
 COST = AnalyticCostModel()
 # one sequence batch of 8 on 4 A10 + 2 T4: the least-F+B option for the 4-GPU A10 stage is tp 2 with
@@ -54,7 +56,7 @@ def test_tail_capped_templates_are_real_splits(replicas: int) -> None:
     shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
     provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
                               max_blocks=2)
-    extra = provider.tail_plan_templates(replicas, set(provider.rows))
+    extra = provider.tail_plan_templates(replicas, _all_rows(provider))
     assert extra
     n = MODEL.num_layer_slots
     for t in extra:
@@ -91,12 +93,12 @@ def test_tail_caps_stop_where_no_plan_could_beat_the_incumbent() -> None:
     shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
     provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
                               max_blocks=2)
-    every = provider.tail_plan_templates(1, set(provider.rows))
+    every = provider.tail_plan_templates(1, _all_rows(provider))
     tails = sorted(t.e_s for t in every)
     cap = tails[len(tails) // 2]
-    capped = provider.tail_plan_templates(1, set(provider.rows), e_cap=cap)
+    capped = provider.tail_plan_templates(1, _all_rows(provider), e_cap=cap)
     assert capped and all(t.e_s <= cap for t in capped)
-    assert provider.tail_plan_templates(1, set(provider.rows), e_cap=tails[0] * 0.5) == []
+    assert provider.tail_plan_templates(1, _all_rows(provider), e_cap=tails[0] * 0.5) == []
 
 
 def test_polish_runs_within_the_gap_target_and_never_skips_it(no_grid_candidate: None) -> None:
@@ -214,3 +216,40 @@ def test_polish_shards_optimizer_states_over_the_units_pipelines() -> None:
     assert res.lower_bound_s <= res.prediction.step_s < 6.10
     assert len(res.plan.pipelines) >= 2 and res.gap <= 0.02
     assert any(sum(s.gpu == "RTX-4090" for s in p.stages) >= 4 for p in res.plan.pipelines)
+
+
+def _all_rows(provider: BlocksProvider) -> set[tuple]:
+    return {row for rows in provider.rows.values() for row in rows}
+
+
+def test_nearby_rows_takes_every_order_and_one_stage_more_or_fewer() -> None:
+    near = nearby_rows({("a", "a", "b")})
+    assert near == {("a", 2, "b", 1), ("b", 1, "a", 2),  # the row and its other order
+                    ("a", 1, "b", 1), ("a", 3, "b", 1), ("a", 2, "b", 2),
+                    ("b", 2, "a", 2), ("b", 1, "a", 1), ("b", 1, "a", 3)}
+    assert nearby_rows({("a",)}) == {("a", 1), ("a", 2)}
+    assert len(nearby_rows({("a", "b", "c")})) == 6 * (1 + 3)  # 3! orders, each with one run one longer
+
+
+def test_tail_plan_templates_cover_only_the_rows_asked_for() -> None:
+    """Templates come from the rows asked for that lie in the coverage; a row outside it adds
+    nothing."""
+    classes = resource_classes(CLUSTER)
+    avail = tuple(rc.gpus for rc in classes)
+    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
+    provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
+                              max_blocks=2)
+    every = provider.tail_plan_templates(1, _all_rows(provider))
+    assert every
+    mixed = sorted(row for row in _all_rows(provider) if len(row) == 4)
+    wanted = set(mixed[: max(1, len(mixed) // 3)])
+    some = provider.tail_plan_templates(1, wanted)
+    assert some and len(some) < len(every)
+    assert {_row_of(t) for t in some} <= wanted
+    far = (mixed[0][0], 99, mixed[0][2], 99)  # more stages than the pool has
+    assert provider.tail_plan_templates(1, wanted | {far}) == some
+
+
+def _row_of(t: object) -> tuple:
+    """The row of a plan template from its stages' block types (class and GPUs per stage)."""
+    return skeleton_row(tuple(BlockType(s.cls, s.shape.gpus) for s in t.stages))
