@@ -51,11 +51,7 @@ def test_polish_finds_the_plan_tail_blind_options_miss(no_grid_candidate: None) 
 def test_tail_capped_templates_are_real_splits(replicas: int) -> None:
     """Every template covers the layers in order with the provider's own shapes, and some of them
     use an option (shape) that the tail-blind plan templates never pick for that stage."""
-    classes = resource_classes(CLUSTER)
-    avail = tuple(rc.gpus for rc in classes)
-    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
-    provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
-                              max_blocks=2)
+    provider = _provider()
     extra = provider.tail_plan_templates(replicas, _all_rows(provider))
     assert extra
     n = MODEL.num_layer_slots
@@ -88,11 +84,7 @@ def test_polish_reaches_groups_only_the_bound_leans_on(no_grid_candidate: None) 
 def test_tail_caps_stop_where_no_plan_could_beat_the_incumbent() -> None:
     """With `e_cap`, no template's largest stage tail exceeds it, and a cap below every split's
     least largest tail leaves no template."""
-    classes = resource_classes(CLUSTER)
-    avail = tuple(rc.gpus for rc in classes)
-    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
-    provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
-                              max_blocks=2)
+    provider = _provider()
     every = provider.tail_plan_templates(1, _all_rows(provider))
     tails = sorted(t.e_s for t in every)
     cap = tails[len(tails) // 2]
@@ -218,6 +210,15 @@ def test_polish_shards_optimizer_states_over_the_units_pipelines() -> None:
     assert any(sum(s.gpu == "RTX-4090" for s in p.stages) >= 4 for p in res.plan.pipelines)
 
 
+def _provider() -> BlocksProvider:
+    """The blocks provider of CLUSTER's microbatch size 8, pipelines of up to two runs."""
+    classes = resource_classes(CLUSTER)
+    avail = tuple(rc.gpus for rc in classes)
+    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
+    return BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
+                          max_blocks=2)
+
+
 def _all_rows(provider: BlocksProvider) -> set[tuple]:
     return {row for rows in provider.rows.values() for row in rows}
 
@@ -234,11 +235,7 @@ def test_nearby_rows_takes_every_order_and_one_stage_more_or_fewer() -> None:
 def test_tail_plan_templates_cover_only_the_rows_asked_for() -> None:
     """Templates come from the rows asked for that lie in the coverage; a row outside it adds
     nothing."""
-    classes = resource_classes(CLUSTER)
-    avail = tuple(rc.gpus for rc in classes)
-    shapes = {rc.index: stage_shapes(MODEL, TRAINING, rc, 8) for rc in classes}
-    provider = BlocksProvider(COST, MODEL, TRAINING, classes, block_types(shapes), avail, 8, CLUSTER.single_node,
-                              max_blocks=2)
+    provider = _provider()
     every = provider.tail_plan_templates(1, _all_rows(provider))
     assert every
     mixed = sorted(row for row in _all_rows(provider) if len(row) == 4)
