@@ -267,8 +267,8 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     near (`tail_plans.nearby_rows`) the skeletons its bound leans on and those its plan LP reaches
     the incumbent with, adding the plan. For when the gap target is missed or tails weigh heavily
     (`unit_loop.finish`): refining the bound cannot help where tail-blind stage options made the
-    plan slow. (Whole skeleton groups, as before, cost a tenth more search time for the same plans
-    on 58 random pools and the bench and ladder pools up to 64 GPUs.)"""
+    plan slow. (Whole skeleton groups, as before, took 12 % more search time on 40 random pools,
+    with the same plan on 39: docs/search.md, "Plan polish".)"""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
         return
