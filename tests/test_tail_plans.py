@@ -11,6 +11,7 @@ from planner.search import search
 from planner.search.providers import BlocksProvider
 from planner.search.space import BlockType, block_types, resource_classes, stage_shapes
 from planner.search.tail_plans import nearby_rows
+from planner.search.templates import Template
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
 from solvers.batched_runs import skeleton_row
@@ -247,6 +248,6 @@ def test_tail_plan_templates_cover_only_the_rows_asked_for() -> None:
     assert provider.tail_plan_templates(1, wanted | {far}) == some
 
 
-def _row_of(t: object) -> tuple:
+def _row_of(t: Template) -> tuple:
     """The row of a plan template from its stages' block types (class and GPUs per stage)."""
     return skeleton_row(tuple(BlockType(s.cls, s.shape.gpus) for s in t.stages))
