@@ -443,6 +443,32 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
     assert polish(context(1.0005)) is False  # nothing to polish: the bound is within 0.1 %
 
 
+def test_a_deadline_that_leaves_out_engine_candidates_or_a_polish_is_reported() -> None:
+    """Engine candidates skipped because the deadline passed, and a polish that starts past it, count
+    as work the time limit cut short (an 8-GPU ladder search with a 0.95 s limit returned a 0.11 %
+    slower plan than without a limit, its polish cut short, and said it had not timed out)."""
+    from types import SimpleNamespace
+
+    from planner.search.unit_loop import close_gap
+    from planner.search.units import Candidate, SolvedUnit, Unit, UnitContext, polish_unit
+    from solvers.assign import SolverStats
+
+    def context() -> UnitContext:
+        ctx = UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, resource_classes(BIG_CLUSTER), COST, (8,), [], [],
+                          set(), SolverStats(), {"assignments": 0, "units_polished": 0})
+        ctx.candidates.append(Candidate(1.0, None, SimpleNamespace(tail_s=0.0), 1))
+        return ctx
+
+    # pool=None: nothing may run once the deadline (0.0) has passed
+    for early, late in ((["megatron_grid", "chain"], []), ([], ["megatron_grid"])):
+        cut, seconds = close_gap(context(), None, [1], None, None, early, lambda gap_open: late, 0.0)
+        assert cut is True and seconds == {}
+    assert close_gap(context(), None, [1], None, None, [], lambda gap_open: [], 0.0) == (False, {})
+    provider = SimpleNamespace(tail_plan_templates=None)
+    su = SolvedUnit(0.9, Unit(1, provider, 1, 1, 8), [])
+    assert polish_unit(su, context(), 1.0, deadline=0.0) is True
+
+
 @pytest.mark.parametrize("zero", [0, 1])
 def test_option_costing_recosts_any_replica_counts_as_a_fresh_build(zero: int) -> None:
     """`OptionCosting` keeps the replica-independent parts of every shape's costs and re-costs tails

@@ -171,16 +171,16 @@ def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float
 
 
 def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None]
-                 ) -> tuple[list, int, int]:
+                 ) -> tuple[list, int, int, bool]:
     """Polish one solved unit's plan (`units.polish_unit`) against `incumbent_s`: its candidates,
-    LP solves and templates pruned."""
+    LP solves, templates pruned and whether the deadline cut it short."""
     assert _SEARCH is not None
     index, lo, hi, bound_s, lb_set, incumbent_s, deadline = args
     local = replace(_SEARCH.ctx, candidates=[], stats=SolverStats())
     u = _unit(index, lo, hi)
     pruned = u.provider.stats.pruned
-    polish_unit(SolvedUnit(bound_s, u, lb_set), local, incumbent_s, deadline)
-    return local.candidates, local.stats.ilp_solves, u.provider.stats.pruned - pruned
+    cut = polish_unit(SolvedUnit(bound_s, u, lb_set), local, incumbent_s, deadline)
+    return local.candidates, local.stats.ilp_solves, u.provider.stats.pruned - pruned, cut
 
 
 def _finish_task(args: tuple) -> tuple:
@@ -287,23 +287,26 @@ class UnitPool:
             self.ctx.stats.ilp_solves += solves
 
     def finish(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
-               ) -> list[tuple[object, float]]:
+               ) -> tuple[list[tuple[object, float]], bool]:
         """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`)
         and run the named engine candidates, all in one batch of tasks and each against the best
         plan known now (the engine candidates also get its tail's share of its step). Polished plans
         join the candidates in batch order; the engine candidates' (plan or None, seconds) are
-        returned, in `engines` order, for the caller to take."""
+        returned, in `engines` order, for the caller to take, with whether the deadline cut a
+        polish short."""
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
         best, share = top.step_s, top.prediction.tail_s / top.step_s
         tasks = [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
                  for su in sus] + [("engine", name, sizes, best, share) for name in engines]
         outs, forked = self._map(_finish_task, tasks)
-        for su, (found, solves, pruned) in zip(sus, outs):
+        cut = False
+        for su, (found, solves, pruned, polish_cut) in zip(sus, outs):
             self.ctx.candidates.extend(found)
             self.ctx.stats.ilp_solves += solves
             if forked:  # in turn, the provider counted them already
                 su.unit.provider.stats.pruned += pruned
-        return outs[len(sus):]
+            cut = cut or polish_cut
+        return outs[len(sus):], cut
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved

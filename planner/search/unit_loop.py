@@ -166,13 +166,13 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
         return batch
 
     batch = next_batch()
-    engine_found = pool.finish(batch, engines, sizes, deadline) if batch or engines else []
+    engine_found, cut = pool.finish(batch, engines, sizes, deadline) if batch or engines else ([], False)
     while batch:
         ctx.explored["units_polished"] += len(batch)
         batch = next_batch()
         if batch:
-            pool.finish(batch, [], sizes, deadline)
-    return timed_out, _take(ctx, engines, engine_found)
+            cut = pool.finish(batch, [], sizes, deadline)[1] or cut
+    return timed_out or cut, _take(ctx, engines, engine_found)
 
 
 def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float | None, polish: str | None,
@@ -191,13 +191,16 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     def past() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
-    seconds = run_engines(ctx, pool, early, sizes, deadline) if early and not past() else {}
-    timed_out = False
+    # engine candidates the deadline leaves out count as work it cut short
+    timed_out = bool(early) and past()
+    seconds = run_engines(ctx, pool, early, sizes, deadline) if early and not timed_out else {}
     if target is not None:
         if polish is not None and gap_missed(ctx, target):
-            timed_out = finish(ctx, target, deadline, pool, sizes, polish, [])[0]
+            timed_out = finish(ctx, target, deadline, pool, sizes, polish, [])[0] or timed_out
         timed_out = refine(ctx, target, deadline, pool) or timed_out
-    engines = [] if early or past() else late(target is not None and gap_missed(ctx, target))
+    engines = [] if early else late(target is not None and gap_missed(ctx, target))
+    if engines and past():
+        engines, timed_out = [], True
     cut, more = finish(ctx, target or 0.0, deadline, pool, sizes, polish, engines)
     seconds.update(more)
     return cut or timed_out, seconds
@@ -210,7 +213,7 @@ def run_engines(ctx: UnitContext, pool: UnitPool, engines: list[str], sizes: lis
     whatever the gap (the coverage leaves pipelines out): a chain faster than the coverage's
     plans lowers refinement's goal before any unit is refined, not after (`chain_check.py
     --seed 31` pool 26: refinement took 53 of a 77 s search, toward a goal the chain then beat)."""
-    return _take(ctx, engines, pool.finish([], engines, sizes, deadline))
+    return _take(ctx, engines, pool.finish([], engines, sizes, deadline)[0])
 
 
 def _take(ctx: UnitContext, engines: list[str], found: list[tuple[object, float]]) -> dict[str, float]:

@@ -189,13 +189,16 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         ctx.unsolved_sizes.add(u.b)
     elif lb is not None and not getattr(provider, "truncated", False):
         ctx.solved.append(SolvedUnit((lb.bound_s + overhead) * (1 - 1e-9), u, lb_set))
+    resolves_cut = False  # the time limit stopped the re-solves: the plan may be poorer, the bound holds
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u, ctx)
         copies, seen = int(sum(sol.counts)), {u.lo}
-        while (provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES
-               and (time_limit is None or time.perf_counter() - start < time_limit)):
+        while provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES:
             # tails were costed for another pipeline count: re-solve with them costed for the
             # count chosen (any count of the class allowed), until the count repeats or time is up
+            if time_limit is not None and time.perf_counter() - start >= time_limit:
+                resolves_cut = True
+                break
             seen.add(copies)
             exact_set = provider.plan_templates(copies)
             again = _solve_lp(lambda: exact_set, None, (ctx.avail, u.microbatches, (u.lo, u.hi)),
@@ -204,7 +207,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
                 break
             _add_candidate(exact_set, again, u, ctx)
             copies = int(sum(again.counts))
-    return unit.truncated or unit.timed_out or getattr(provider, "truncated", False)
+    return unit.truncated or unit.timed_out or resolves_cut or getattr(provider, "truncated", False)
 
 
 def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,
@@ -262,22 +265,23 @@ def _with_other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]
     return groups | {g for g in present if frozenset(g) in kinds}
 
 
-def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> None:
+def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> bool:
     """Re-solve a unit's plan with tail-capped plan templates added (`TailPlans`) for the rows
     near (`tail_plans.nearby_rows`) the skeletons its bound leans on and those its plan LP reaches
     the incumbent with, adding the plan. For when the gap target is missed or tails weigh heavily
     (`unit_loop.finish`): refining the bound cannot help where tail-blind stage options made the
     plan slow. (Whole skeleton groups, as before, took 12 % more search time on 40 random pools,
-    with the same plan on 39: docs/search.md, "Plan polish".)"""
+    with the same plan on 39: docs/search.md, "Plan polish".) True when `deadline` cut it short
+    (not started, or its LP stopped early), so the search can say its time limit cut work."""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
-        return
+        return False
     if deadline is not None and time.perf_counter() > deadline:
-        return
+        return True
     overhead = ctx.cost.knobs.step_overhead_s
     plan_set = provider.plan_templates(u.lo)
     if not plan_set:
-        return
+        return False
     # the groups the unit's bound leans on (where a plan near the bound may be), and those its
     # plan templates reach the incumbent with
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
@@ -298,7 +302,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     extra = provider.tail_plan_templates(u.lo, nearby_rows(skeletons - {None}),
                                          e_cap=incumbent_s - overhead - (pipe or 0.0))
     if not extra:
-        return
+        return False
     plan_set = plan_set + extra
     unit = SolverStats()
     sol = solve_assignment_lp(_problem(plan_set, *args), unit, incumbent_s=incumbent_s - overhead,
@@ -306,6 +310,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     ctx.stats.ilp_solves += unit.ilp_solves
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u, ctx)
+    return unit.truncated
 
 
 def _add_candidate(templates: list[Template], sol: Assignment, u: Unit, ctx: UnitContext) -> None:
