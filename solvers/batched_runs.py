@@ -24,7 +24,8 @@ import numpy as np
 
 from solvers.partition import Split
 from solvers.two_runs import Point
-from solvers.uniform_layers import INF, Budget, Kind, UniformView, _conv, _minmax_conv, parametric_frontiers
+from solvers.uniform_layers import (INF, Budget, Kind, UniformView, _conv, _minmax_conv, _scan_width,
+                                    parametric_frontiers)
 
 Row = tuple  # (x1, k1, x2, k2, ...): k1 stages of type x1, then k2 of type x2, ... (counts may be 0)
 
@@ -112,6 +113,12 @@ class _Batch:
         self.whole = _least([v.whole for v in views], caps, 1)
         self.big_n = views[0].decoders
         self.n = views[0].n
+        # the first, middle and last tables stacked by flight, so a split's stages are read in one
+        # gather per field (`_recover`): first at [0, F], middle at F + 1 + flight, last at 2F + 3
+        self._stacked = {f: np.concatenate([getattr(self.first, f), getattr(self.mid, f), getattr(self.last, f)])
+                         for f in ("option", "fb", "tail")}
+        self._mid_at = flights + 1
+        self._last_at = 2 * flights + 3
 
     def solve(self, codes: RowCodes, ids: list[int], caps: np.ndarray) -> list[Split | None]:
         """Least-A split of each row `codes.live[i]`, i in `ids`, under its cap (None where none fits)."""
@@ -133,14 +140,14 @@ class _Batch:
         value = self.last.fb[1, rev[:, 1]]
         value = np.where(value <= cap, value, INF)  # (B, D): r stages covering the last k decoders
         rest = big_n - np.arange(big_n + 1)
-        trace: list[np.ndarray] = []
+        trace: list[tuple[np.ndarray, np.ndarray]] = []  # per r >= 2: the stage costs and the table they met
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:
                 stage = self.mid.fb[r, rev[:active, r]]
                 stage = np.where(stage <= cap[:active], stage, INF)
-                value, arg_d = _conv(stage, value[:active])
-                trace.append(arg_d)
+                trace.append((stage, value[:active]))
+                value = _min_plus(stage, value[:active])
             done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
             if not len(done):
                 continue
@@ -160,32 +167,43 @@ class _Batch:
                      (float(kind.tail[o, self.big_n]),))
 
     def _recover(self, rows: np.ndarray, s: int, d0: np.ndarray, rev: np.ndarray,
-                 trace: list[np.ndarray]) -> list[Split]:
+                 trace: list[tuple[np.ndarray, np.ndarray]]) -> list[Split]:
         """The splits of `rows` (s stages each; `d0` decoders in the first), walked back through
-        the DP's choices for all rows at once."""
+        the DP for all rows at once: at each stage the first least d, as `_min_plus` took it."""
         if not len(rows):
             return []
         big_n, n = self.big_n, self.n
-        flights = [s] + list(range(s - 1, 1, -1)) + [1]
-        kinds = [self.first] + [self.mid] * (s - 2) + [self.last]
+        at = np.array([s] + [self._mid_at + f for f in range(s - 1, 1, -1)] + [self._last_at])
         ds = [d0]
         k = big_n - d0
         for r in range(s - 1, 1, -1):
-            d = trace[r - 2][rows, k]
+            stage, rest = trace[r - 2]
+            shift = k[:, None] - np.arange(stage.shape[1])[None, :]
+            cand = stage[rows] + np.where(shift >= 0, rest[rows[:, None], np.maximum(shift, 0)], INF)
+            d = np.argmin(cand, axis=1)
             ds.append(d)
             k = k - d
         ds.append(k)
         d_all = np.stack(ds, axis=1)  # (rows, s): decoders per stage, first stage first
-        types = rev[rows][:, [s - j for j in range(s)]]
-        opts, fbs, tails = (np.stack([getattr(kind, f)[fl, types[:, j], d_all[:, j]]
-                                      for j, (kind, fl) in enumerate(zip(kinds, flights))], axis=1)
-                            for f in ("option", "fb", "tail"))
+        types = rev[rows][:, s - np.arange(s)]
+        opts, fbs, tails = (self._stacked[f][at, types, d_all] for f in ("option", "fb", "tail"))
         ends = np.cumsum(d_all, axis=1)
         ends[:, -1] += 1  # the last stage also holds the head
         starts = np.concatenate([np.zeros((len(rows), 1), dtype=np.int64), ends[:, :-1] + 1], axis=1)
         assert np.all(ends[:, -1] == n - 1)
         return [Split(tuple(zip(st, en)), tuple(o), tuple(f), tuple(t)) for st, en, o, f, t
                 in zip(starts.tolist(), ends.tolist(), opts.tolist(), fbs.tolist(), tails.tolist())]
+
+
+def _min_plus(stage: np.ndarray, rest: np.ndarray) -> np.ndarray:
+    """(min, +) convolution per row, out[b, k] = min_d stage[b, d] + rest[b, k - d], without the
+    argmin `uniform_layers._conv` keeps: only the rows a round finishes need their choices, and
+    `_Batch._recover` recomputes them from the same sums (one pass per d, two array operations)."""
+    rows, width = rest.shape
+    out = np.full((rows, width), INF)
+    for d in range(_scan_width(stage, width)):
+        np.minimum(out[:, d:], stage[:, d:d + 1] + rest[:, :width - d], out=out[:, d:])
+    return out
 
 
 def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],

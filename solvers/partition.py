@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,9 +42,10 @@ class StageOptions:
         return self.fb.shape[1] - 1
 
 
-@dataclass(frozen=True, slots=True)
-class Split:
-    """One partition: stage s covers layers ranges[s] = (first, last) and runs option options[s]."""
+class Split(NamedTuple):
+    """One partition: stage s covers layers ranges[s] = (first, last) and runs option options[s].
+    A named tuple: the frontier sweeps build them by the hundred thousand, and a tuple builds
+    several times faster than a frozen dataclass."""
 
     ranges: tuple[tuple[int, int], ...]
     options: tuple[int, ...]
