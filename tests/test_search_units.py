@@ -69,17 +69,20 @@ def test_a_unit_the_incumbent_rules_out_builds_no_plan_templates(b: int, replica
     assert open_unit.candidates[0].step_s == pytest.approx(plan_s)
 
 
-def test_a_wide_class_is_re_solved_at_the_pipeline_count_it_chose() -> None:
+@pytest.mark.parametrize("b, lo, hi, resolves, faster", [(1, 2, 12, 1, True), (2, 5, 24, 2, False)])
+def test_a_wide_class_is_re_solved_at_the_pipeline_count_it_chose(b: int, lo: int, hi: int, resolves: int,
+                                                                  faster: bool) -> None:
     """Tails are first costed for the class's lowest count; each re-solve costs them for the count
-    the previous plan chose, until a count repeats. Here that finds a faster plan."""
-    provider, calls = _provider(1)
-    ctx = _solve(provider, 2, 24)
+    the previous plan chose, until a count repeats. On [2, 12] that finds a faster plan; on [5, 24]
+    the count moves twice (16, then 15)."""
+    provider, calls = _provider(b)
+    ctx = _solve(provider, lo, hi)
     counts = [len(c.plan.pipelines) for c in ctx.candidates]
-    assert calls[0] == 2 and len(calls) >= 3  # re-solved more than once: the test has something to check
+    assert calls[0] == lo and len(calls) == 1 + resolves  # re-solved: the test has something to check
     assert calls[1:] == counts[:len(calls) - 1]
     assert counts[-1] in calls or len(calls) == RESOLVES + 1  # the last plan was costed for its own count
-    assert all(2 <= k <= 24 for k in counts)
-    assert min(c.step_s for c in ctx.candidates) < ctx.candidates[0].step_s
+    assert all(lo <= k <= hi for k in counts)
+    assert (min(c.step_s for c in ctx.candidates) < ctx.candidates[0].step_s) is faster
     assert ctx.solved[0].bound_s <= min(c.step_s for c in ctx.candidates)
 
 
