@@ -15,13 +15,9 @@ solved without integer programs, for pools where copies number in the hundreds:
 * Plan. At a few trial times just above the bound, the LP's copy counts rounded down (and up where
   the GPUs allow), spare GPUs filled with copies of the same and then other templates; each candidate
   is scored exactly (`pipe_time_of`) and the best dealt out by water-filling (`solvers.deal`).
-  Plans are rounded at the largest tail level and at the level where the bound search ends; at
-  each level it bisects through only with `every_level` (the plan polish, whose point is the plan).
-  On 40 random pools (`benchmarks/chain_check.py` draws, seeds 33 and 34) rounding at every level
-  everywhere gave the same plans and gaps in 11 % more time (313 s against 281 s); without it in
-  the polish too, one of seed 35's first 30 pools came out 0.011 % slower (8.02870 s against
-  8.02784 s), which the polish's every-level rounding recovers for about 2 % more time (280 s
-  against 274 s on the 40).
+  Plans are rounded at the largest tail level and at the level where the bound search ends, not at
+  each level it bisects through: on 40 random pools (`benchmarks/chain_check.py` draws, seeds 33
+  and 34) the plans and gaps were the same and the search took 10 % less time (281 s against 313 s).
   With at most `DIVE_MAX_COPIES` pipelines the LP is also dived (`_dive`), and with at most two the
   fastest one or two copies are found exactly (`_best_pair`): rounding a handful of fractional
   copies down is where plans of small pools lost most.
@@ -409,11 +405,10 @@ def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb:
 
 def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-3,
                         incumbent_s: float | None = None, deadline: float | None = None,
-                        bound_only: bool = False, every_level: bool = False) -> Assignment | None:
+                        bound_only: bool = False) -> Assignment | None:
     """Best rounded plan and a valid lower bound (`bound_s`) for problem p; None if the LP shows no
     plan exists. With `incumbent_s`, tail levels that cannot beat it are only bounded, and when no
-    level can, the result has no copies (`counts` all zero) and only `bound_s` is meaningful.
-    `every_level`: also round a plan at each level the bound search bisects through (module doc)."""
+    level can, the result has no copies (`counts` all zero) and only `bound_s` is meaningful."""
     stats = stats or SolverStats()
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
@@ -468,8 +463,6 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
         m = int(np.searchsorted(levels, (levels[i] + levels[j]) / 2, side="right")) - 1
         m = min(max(m, i), j - 1)
         fm = f(m)
-        if every_level:
-            try_plan(m)
         if fm is not None:
             heapq.heappush(heap, (fm + float(levels[i]), i, m))
         heapq.heappush(heap, (f(j) + float(levels[m + 1]), m + 1, j))

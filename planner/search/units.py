@@ -306,7 +306,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     plan_set = plan_set + extra
     unit = SolverStats()
     sol = solve_assignment_lp(_problem(plan_set, *args), unit, incumbent_s=incumbent_s - overhead,
-                              deadline=deadline, every_level=True)
+                              deadline=deadline)
     ctx.stats.ilp_solves += unit.ilp_solves
     if sol is not None and any(sol.counts):
         _add_candidate(plan_set, sol, u, ctx)
