@@ -82,7 +82,8 @@ def test_a_wide_class_is_re_solved_at_the_pipeline_count_it_chose(b: int, lo: in
     assert calls[1:] == counts[:len(calls) - 1]
     assert counts[-1] in calls or len(calls) == RESOLVES + 1  # the last plan was costed for its own count
     assert all(lo <= k <= hi for k in counts)
-    assert (min(c.step_s for c in ctx.candidates) < ctx.candidates[0].step_s) is faster
+    if faster:  # the re-solve at the count chosen found a faster plan than the first solve
+        assert min(c.step_s for c in ctx.candidates) < ctx.candidates[0].step_s
     assert ctx.solved[0].bound_s <= min(c.step_s for c in ctx.candidates)
 
 
