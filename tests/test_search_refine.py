@@ -536,3 +536,21 @@ def test_zero_refinement_checks_memory_for_the_units_pipelines() -> None:
     assert 46.5 < loose.lower_bound_s <= loose.prediction.step_s
     res = search(model, cluster, training, cost=COST)
     assert 51.5 < res.lower_bound_s <= res.prediction.step_s and res.gap <= 0.02
+
+
+def test_frontier_workers_hand_back_the_option_costing() -> None:
+    """The frontier workers (`parallel.prefetch_frontiers`) return each size's option costing with
+    its frontiers, so the unit workers forked later inherit it instead of each rebuilding it; the
+    options built from the handed-back bases equal those of a provider that computed its own."""
+    from planner.search.parallel import prefetch_frontiers
+
+    providers = [_provider(1), _provider(2)]
+    assert all(p.needs_frontiers and p._costing is None for p in providers)
+    prefetch_frontiers(providers, 2)
+    for p, b in zip(providers, (1, 2)):
+        assert p._costing is not None
+        mine, fresh = p._options(3, 3), _provider(b)._options(3, 3)
+        assert mine.keys() == fresh.keys()
+        for bt in mine:
+            for f in ("fb", "tail", "mem_fixed", "act"):
+                assert np.array_equal(getattr(mine[bt], f), getattr(fresh[bt], f))

@@ -81,13 +81,19 @@ class OptionCosting:
     polish each re-cost the tails for their own pipeline counts, and rebuilding everything each
     time was about 4 % of a 64-GPU search."""
 
-    def __init__(self, cost: CostModel, rc: ResourceClass, shapes: list[StageShape], ctx: OptionContext) -> None:
+    def __init__(self, cost: CostModel, rc: ResourceClass, shapes: list[StageShape], ctx: OptionContext,
+                 basis: list[_ShapeBasis] | None = None) -> None:
+        """`basis`: the shapes' bases as another process computed them (`basis` of an
+        `OptionCosting` of the same arguments), taken instead of computing them again."""
         self.cost, self.rc, self.shapes = cost, rc, shapes
         self.model, self.training, self.single_node = ctx.model, ctx.training, ctx.single_node
         n = ctx.model.num_layer_slots
         self.shape3 = (len(shapes), n + 1, n + 1)
         self.i_idx, self.j_idx = np.triu_indices(n + 1, k=1)
-        self.basis = [_shape_basis(cost, rc, shape, ctx, self.i_idx, self.j_idx) for shape in shapes]
+        if basis is not None and len(basis) != len(shapes):
+            raise ValueError(f"{len(basis)} shape bases for {len(shapes)} shapes")
+        self.basis = basis if basis is not None else [_shape_basis(cost, rc, shape, ctx, self.i_idx, self.j_idx)
+                                                      for shape in shapes]
 
     def options(self, replicas_sync: int, replicas_mem: int, tails_only: bool = False) -> StageOptions:
         """Every option with gradient sync costed for `replicas_sync` pipelines and optimizer
