@@ -54,27 +54,3 @@ def test_polish_takes_the_other_run_orders_of_its_groups() -> None:
     res = search(get_model("gpt-neo-2.7b"), cluster, training, cost=COST)
     assert res.lower_bound_s <= res.prediction.step_s < 4.1370
     assert all([s.gpu for s in p.stages][0] == "T4" for p in res.plan.pipelines)
-
-
-def test_engine_candidates_run_beside_a_polish_batch(monkeypatch) -> None:
-    """On the 16-GPU ladder pool (8 A100 + 4 H100 + 4 V100, Llama-2 13B, global batch 256) the
-    coverage leaves three-run pipelines out, so the Megatron-grid and mesh-chain candidates run
-    before refinement; they share one batch of worker tasks with the polish's first units
-    instead of running alone (where one worker idled while the other ran the chains). The
-    V100 -> A100 -> H100 chain is still found."""
-    from benchmarks.search_scale import ladder_cluster
-    from planner.search.parallel import UnitPool
-
-    calls: list[tuple[int, tuple[str, ...]]] = []
-    finish = UnitPool.finish
-
-    def watched(self, sus, engines, *args, **kwargs):
-        calls.append((len(sus), tuple(engines)))
-        return finish(self, sus, engines, *args, **kwargs)
-
-    monkeypatch.setattr(UnitPool, "finish", watched)
-    res = search(get_model("llama2-13b"), ladder_cluster(16), TrainingSpec(global_batch=256, seq_len=4096),
-                 cost=COST)
-    assert calls[0][0] > 0 and calls[0][1] == ("megatron_grid", "chain")
-    assert sum(1 for _, engines in calls if engines) == 1  # the engines run once
-    assert res.stats["chain_added"] == 1 and res.prediction.step_s < 25.95

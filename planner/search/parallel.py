@@ -296,20 +296,17 @@ class UnitPool:
         polish short."""
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
         best, share = top.step_s, top.prediction.tail_s / top.step_s
-        # the engine candidates go first: the mesh-chain candidate is usually the longest task, and
-        # a worker that starts it last idles the other (64-GPU ladder rung: 1.1 s against 0.2-0.7 s)
-        tasks = [("engine", name, sizes, best, share) for name in engines] + [
-            ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
-            for su in sus]
+        tasks = [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
+                 for su in sus] + [("engine", name, sizes, best, share) for name in engines]
         outs, forked = self._map(_finish_task, tasks)
         cut = False
-        for su, (found, solves, pruned, polish_cut) in zip(sus, outs[len(engines):]):
+        for su, (found, solves, pruned, polish_cut) in zip(sus, outs):
             self.ctx.candidates.extend(found)
             self.ctx.stats.ilp_solves += solves
             if forked:  # in turn, the provider counted them already
                 su.unit.provider.stats.pruned += pruned
             cut = cut or polish_cut
-        return outs[:len(engines)], cut
+        return outs[len(sus):], cut
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved

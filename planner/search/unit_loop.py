@@ -132,10 +132,10 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     after the other in the parent). A unit whose bound is within 0.1 % of the best plan is not
     polished, nor one polished before and not refined since (`SolvedUnit.polish_due`).
 
-    Engine candidates run beside the first batch, use the best step before it as their cutoff
-    and are taken, in `engines` order, only when faster than the best plan after it (and before
-    the next batch starts, which then polishes against them): a looser cutoff changes what they
-    may spend, not which plan faster than the final best they find (`candidates`).
+    Engine candidates (when `close_gap` did not run them before refinement) use the best step
+    before the polish as their cutoff and are taken, in
+    `engines` order, only when faster than the best plan after it: a looser cutoff changes what
+    they may spend, not which plan faster than the final best they find (`candidates`).
 
     Returns whether the deadline stopped the polish before every such unit was polished, and the
     seconds each engine candidate took."""
@@ -167,13 +167,12 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
 
     batch = next_batch()
     engine_found, cut = pool.finish(batch, engines, sizes, deadline) if batch or engines else ([], False)
-    seconds = _take(ctx, engines, engine_found)  # before the next batch, which polishes against them
     while batch:
         ctx.explored["units_polished"] += len(batch)
         batch = next_batch()
         if batch:
             cut = pool.finish(batch, [], sizes, deadline)[1] or cut
-    return timed_out or cut, seconds
+    return timed_out or cut, _take(ctx, engines, engine_found)
 
 
 def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float | None, polish: str | None,
@@ -181,14 +180,10 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
               ) -> tuple[bool, dict[str, float]]:
     """After the best-first units: the engine candidates, the plan polish and refinement, ordered
     so that the best plan, which sets refinement's goal, is found before refinement rather than
-    after it. Where the gap is above `target`: the polish (`finish`) with the `early` engines
-    beside its first batch (or, without a polish, the `early` engines alone, `run_engines`), then
-    refinement toward `target`. Then `finish`, polishing only units refined since their last
-    polish (`SolvedUnit.polish_due`), with the `early` engines beside its first batch if they have
-    not run, else the `late(gap_open)` ones (none if there are `early` ones). `polish` is
-    `finish`'s mode. The engines run beside a polish batch, not before it: the mesh-chain
-    candidate, the longest task, left one worker idle for 0.4-0.9 s on the 32- and 64-GPU ladder
-    rungs when it ran with the Megatron grid alone. On
+    after it. `early` engines run first (`run_engines`); then, where the gap is above `target`,
+    the polish (`finish`, no engines); then refinement toward `target` (None: none); then `finish`
+    with the `late(gap_open)` engines (none if the early ones ran), polishing only units refined
+    since their last polish (`SolvedUnit.polish_due`). `polish` is `finish`'s mode. On
     `chain_check.py --seed 28` pool 9 (GPT-Neo 2.7B on 24 H100 + 24 A10) the polish found its
     0.76655 s plan before refinement instead of a 0.76728 s one after: 42 units refined instead of
     72, 45 s instead of 80 s. Returns whether the deadline cut something short, and the seconds
@@ -198,17 +193,12 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
 
     # engine candidates the deadline leaves out count as work it cut short
     timed_out = bool(early) and past()
-    pending = [] if timed_out else list(early)
-    seconds: dict[str, float] = {}
-    if target is not None and gap_missed(ctx, target):
-        if polish is not None:
-            cut, seconds = finish(ctx, target, deadline, pool, sizes, polish, pending)
-            timed_out = cut or timed_out
-        elif pending:
-            seconds = run_engines(ctx, pool, pending, sizes, deadline)
-        pending = []
+    seconds = run_engines(ctx, pool, early, sizes, deadline) if early and not timed_out else {}
+    if target is not None:
+        if polish is not None and gap_missed(ctx, target):
+            timed_out = finish(ctx, target, deadline, pool, sizes, polish, [])[0] or timed_out
         timed_out = refine(ctx, target, deadline, pool) or timed_out
-    engines = pending if early else late(target is not None and gap_missed(ctx, target))
+    engines = [] if early else late(target is not None and gap_missed(ctx, target))
     if engines and past():
         engines, timed_out = [], True
     cut, more = finish(ctx, target or 0.0, deadline, pool, sizes, polish, engines)
@@ -220,10 +210,9 @@ def run_engines(ctx: UnitContext, pool: UnitPool, engines: list[str], sizes: lis
                 deadline: float | None) -> dict[str, float]:
     """Run the engine candidates now, before refinement, and take each one faster than the best
     plan; the seconds each took. `close_gap` does this where the mesh-chain candidate runs
-    whatever the gap (the coverage leaves pipelines out) and no polish runs before refinement
-    (else they run beside its first batch): a chain faster than the coverage's plans lowers
-    refinement's goal before any unit is refined, not after (`chain_check.py --seed 31` pool 26:
-    refinement took 53 of a 77 s search, toward a goal the chain then beat)."""
+    whatever the gap (the coverage leaves pipelines out): a chain faster than the coverage's
+    plans lowers refinement's goal before any unit is refined, not after (`chain_check.py
+    --seed 31` pool 26: refinement took 53 of a 77 s search, toward a goal the chain then beat)."""
     return _take(ctx, engines, pool.finish([], engines, sizes, deadline)[0])
 
 
