@@ -19,7 +19,7 @@ from planner.plan import Plan, Prediction
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
 from planner.search.tail_plans import nearby_rows
-from planner.search.templates import (PackedTemplates, Template, bound_key, count_run_skeletons, prune_templates,
+from planner.search.templates import (PackedTemplates, Template, bound_key, prune_templates, run_skeleton_counts,
                                       skeleton_group)
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -130,17 +130,14 @@ def mixed_lengths(types: list, avail: tuple[int, ...], n_slots: int, limits: tup
     out: dict[int, int] = {}
     for runs in range(2, max_blocks + 1):
         limit = limits[min(runs - 2, len(limits) - 1)]
-        if count_run_skeletons(types, avail, n_slots, runs) <= limit:
+        counts = run_skeleton_counts(types, avail, n_slots, runs)  # by length cap, non-decreasing
+        if counts[n_slots] <= limit:
             out[runs] = n_slots
             continue
-        best = None
-        for length in range(runs, n_slots + 1):
-            if count_run_skeletons(types, avail, length, runs) > limit:
-                break
-            best = length
-        if best is None:
+        fits = [length for length in range(runs, n_slots + 1) if counts[length] <= limit]
+        if not fits:
             break
-        out[runs] = best
+        out[runs] = fits[-1]
     return out
 
 
