@@ -54,3 +54,35 @@ def test_polish_takes_the_other_run_orders_of_its_groups() -> None:
     res = search(get_model("gpt-neo-2.7b"), cluster, training, cost=COST)
     assert res.lower_bound_s <= res.prediction.step_s < 4.1370
     assert all([s.gpu for s in p.stages][0] == "T4" for p in res.plan.pipelines)
+
+
+def test_the_polish_beside_the_engine_candidates_gives_the_same_answer(monkeypatch) -> None:
+    """Llama-2 7B, global batch 8, on 3 H100 + 3x2 T4 + 4 L4 (`chain_check.py --seed 34` pool 12):
+    the coverage leaves three-run pipelines out, so the Megatron-grid and mesh-chain candidates
+    run before refinement. With two workers the polish batch that comes next runs beside them
+    (`UnitPool.speculate`) and, as they find nothing faster, is taken as it is, not run again;
+    the plan, the bound and every count equal those of one worker, which runs them in turn."""
+    from planner.search import parallel
+
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
+                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
+                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=8, seq_len=2048)
+    sent: list[list[str]] = []
+    run = parallel.UnitPool._map
+
+    def watched(self, fn, args):
+        if fn is parallel._finish_task:
+            sent.append([a[0] for a in args])
+        return run(self, fn, args)
+
+    monkeypatch.setattr(parallel.UnitPool, "_map", watched)
+    found = {}
+    for workers in (1, 2):
+        sent.clear()
+        res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers)
+        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent))
+    assert found[1][:3] == found[2][:3]
+    assert found[1][2]["units_polished"] > 0 and found[1][2]["chain_added"] == 0
+    assert found[1][3] == [["engine", "engine"], ["polish"]]  # in turn: the engines, then the polish
+    assert found[2][3] == [["engine", "engine", "polish"]]  # beside them, and not run again

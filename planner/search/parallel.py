@@ -215,6 +215,7 @@ class UnitPool:
         self._kept: list[Unit] = []
         self._outer: _Search | None = None  # the module's search before this pool forked
         self._pool = None
+        self._ahead: dict[tuple, tuple] = {}  # polish (templates, outs) `speculate` ran, by task
 
     def __enter__(self) -> UnitPool:
         return self
@@ -286,6 +287,11 @@ class UnitPool:
             su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
             self.ctx.stats.ilp_solves += solves
 
+    @property
+    def parallel(self) -> bool:
+        """Whether tasks run in worker processes (else in turn, in this process)."""
+        return self._pool is not None or _can_fork(self.workers, 2)
+
     def finish(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
                ) -> tuple[list[tuple[object, float]], bool]:
         """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`)
@@ -293,24 +299,60 @@ class UnitPool:
         plan known now (the engine candidates also get its tail's share of its step). Polished plans
         join the candidates in batch order; the engine candidates' (plan or None, seconds) are
         returned, in `engines` order, for the caller to take, with whether the deadline cut a
-        polish short."""
-        top = min(self.ctx.candidates, key=lambda c: c.step_s)
-        best, share = top.step_s, top.prediction.tail_s / top.step_s
-        # the engine candidates first: each is usually longer than a polish, and one started last
-        # leaves the other worker idle (1,024-GPU ladder rung: the Megatron grid's 0.75 s after
-        # a 0.37 s polish, beside a 0.5 s one)
-        tasks = [("engine", name, sizes, best, share) for name in engines] + [
-            ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
-            for su in sus]
-        outs, forked = self._map(_finish_task, tasks)
+        polish short. A polish `speculate` already ran with the same arguments is not run again."""
+        engine_outs, polish_outs = self._finish_outs(sus, engines, sizes, deadline)
         cut = False
-        for su, (found, solves, pruned, polish_cut) in zip(sus, outs[len(engines):]):
+        for su, ((found, solves, pruned, polish_cut), forked) in zip(sus, polish_outs):
             self.ctx.candidates.extend(found)
             self.ctx.stats.ilp_solves += solves
             if forked:  # in turn, the provider counted them already
                 su.unit.provider.stats.pruned += pruned
             cut = cut or polish_cut
-        return outs[:len(engines)], cut
+        return engine_outs, cut
+
+    def speculate(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
+                  ) -> list[tuple[object, float]]:
+        """Run the engine candidates (their outs returned, as `finish` does) and, beside them, the
+        polish of `sus` against the best plan now, keeping its outs unmerged for a later `finish`
+        that asks for the same polish (same unit, bound, templates, best plan and deadline: the
+        same answer). The engine candidates are usually the longest tasks of their batch (the
+        mesh chains: 1.1 s on the 64-GPU ladder rung, the Megatron grid beside them 0.2 s); run
+        alone they leave a worker idle, and a polish run after them with the best plan they leave
+        has the same arguments unless they found a faster plan. In worker processes only."""
+        assert self.parallel
+        best = min(c.step_s for c in self.ctx.candidates)
+        engine_outs, polish_outs = self._finish_outs(sus, engines, sizes, deadline)
+        self._ahead = {self._polish_key(su, best, deadline): (su.lb_set, out) for su, out in zip(sus, polish_outs)}
+        return engine_outs
+
+    def _polish_key(self, su: SolvedUnit, best: float, deadline: float | None) -> tuple:
+        """A polish task's arguments but its templates (compared by identity, `_finish_outs`)."""
+        return (self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, best, deadline)
+
+    def _finish_outs(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
+                     ) -> tuple[list, list[tuple[tuple, bool]]]:
+        """The engine candidates' task outs, and the polishes' with whether each ran in a worker
+        process; the polishes `speculate` left are taken from there (each once)."""
+        top = min(self.ctx.candidates, key=lambda c: c.step_s)
+        best, share = top.step_s, top.prediction.tail_s / top.step_s
+        left, self._ahead = self._ahead, {}  # used once: a polish left over is of a state gone by
+        ahead = {}
+        for su in sus:
+            key = self._polish_key(su, best, deadline)
+            if key in left and left[key][0] is su.lb_set:
+                ahead[key] = left[key][1]
+        todo = [su for su in sus if self._polish_key(su, best, deadline) not in ahead]
+        # the engine candidates first: each is usually longer than a polish, and one started last
+        # leaves the other worker idle (1,024-GPU ladder rung: the Megatron grid's 0.75 s after
+        # a 0.37 s polish, beside a 0.5 s one)
+        tasks = [("engine", name, sizes, best, share) for name in engines] + [
+            ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
+            for su in todo]
+        outs, forked = self._map(_finish_task, tasks) if tasks else ([], False)
+        ran = iter((out, forked) for out in outs[len(engines):])
+        polish = [ahead[key] if key in ahead else next(ran)
+                  for key in (self._polish_key(su, best, deadline) for su in sus)]
+        return outs[:len(engines)], polish
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved

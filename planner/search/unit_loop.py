@@ -139,28 +139,16 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
 
     Returns whether the deadline stopped the polish before every such unit was polished, and the
     seconds each engine candidate took."""
-    top = min(ctx.candidates, key=lambda c: c.step_s)
-    best = top.step_s
-    strong = polish == "always" or gap_missed(ctx, target) or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
-    todo = [] if polish is None else sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong
-                                                                                   else POLISH_SOFT_UNITS]
-    if polish is not None:  # and the units the best plan came from: a plan near it is there
-        origin = {c.unit for c in ctx.candidates if c.step_s == best}
-        todo += sorted((su for su in ctx.solved if (su.unit.b, su.unit.lo, su.unit.hi) in origin and su not in todo),
-                       key=lambda x: x.bound_s)
-    todo = [su for su in todo if su.polish_due()]
+    todo = polish_order(ctx, target, polish)
     timed_out = False
 
     def next_batch() -> list[SolvedUnit]:
         """The next units to polish; none once one cannot beat the best plan (bound order: no
         later one can either) or the deadline has passed."""
         nonlocal todo, timed_out
-        best = min(c.step_s for c in ctx.candidates)
-        batch, todo = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + 1e-3)], todo[UNIT_BATCH:]
+        batch, todo = _next_polish(todo, min(c.step_s for c in ctx.candidates))
         if batch and deadline is not None and time.perf_counter() > deadline:
-            timed_out, batch = True, []
-        if len(batch) < UNIT_BATCH:
-            todo = []
+            timed_out, batch, todo = True, [], []
         for su in batch:
             su.polished = (su.ratio,)
         return batch
@@ -175,12 +163,38 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     return timed_out or cut, _take(ctx, engines, engine_found)
 
 
+def polish_order(ctx: UnitContext, target: float, polish: str | None) -> list[SolvedUnit]:
+    """The units `finish` would polish now, in order: the lowest-bound ones (`POLISH_UNITS` or
+    `POLISH_SOFT_UNITS`), then those the best plan came from, each only if due."""
+    if polish is None:
+        return []
+    top = min(ctx.candidates, key=lambda c: c.step_s)
+    best = top.step_s
+    strong = polish == "always" or gap_missed(ctx, target) or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
+    todo = sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong else POLISH_SOFT_UNITS]
+    # and the units the best plan came from: a plan near it is there
+    origin = {c.unit for c in ctx.candidates if c.step_s == best}
+    todo += sorted((su for su in ctx.solved if (su.unit.b, su.unit.lo, su.unit.hi) in origin and su not in todo),
+                   key=lambda x: x.bound_s)
+    return [su for su in todo if su.polish_due()]
+
+
+def _next_polish(todo: list[SolvedUnit], best: float) -> tuple[list[SolvedUnit], list[SolvedUnit]]:
+    """The next batch of `todo` and what is left after it: at most `UNIT_BATCH` units that could
+    still beat `best` by 0.1 %, and nothing left once one cannot (bound order: no later one can)."""
+    batch = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + 1e-3)]
+    return batch, (todo[UNIT_BATCH:] if len(batch) == UNIT_BATCH else [])
+
+
 def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float | None, polish: str | None,
               early: list[str], late: Callable[[bool], list[str]], deadline: float | None
               ) -> tuple[bool, dict[str, float]]:
     """After the best-first units: the engine candidates, the plan polish and refinement, ordered
     so that the best plan, which sets refinement's goal, is found before refinement rather than
-    after it. `early` engines run first (`run_engines`); then, where the gap is above `target`,
+    after it. `early` engines run first (`run_engines`; in worker processes with the polish batch
+    `finish` would take next beside them, `UnitPool.speculate`, whose outs that `finish` takes if
+    they find nothing faster: the same answer, and no worker idles while the other runs the mesh
+    chains); then, where the gap is above `target`,
     the polish (`finish`, no engines); then refinement toward `target` (None: none); then `finish`
     with the `late(gap_open)` engines (none if the early ones ran), polishing only units refined
     since their last polish (`SolvedUnit.polish_due`). `polish` is `finish`'s mode. On
@@ -193,7 +207,15 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
 
     # engine candidates the deadline leaves out count as work it cut short
     timed_out = bool(early) and past()
-    seconds = run_engines(ctx, pool, early, sizes, deadline) if early and not timed_out else {}
+    seconds: dict[str, float] = {}
+    if early and not timed_out:
+        if pool.parallel and polish is not None:
+            # beside them, the polish batch `finish` would take next if they find nothing faster
+            # (then the polish below takes its outs instead of running it again; the same answer)
+            first, _ = _next_polish(polish_order(ctx, target or 0.0, polish), min(c.step_s for c in ctx.candidates))
+            seconds = _take(ctx, early, pool.speculate(first, early, sizes, deadline))
+        else:
+            seconds = run_engines(ctx, pool, early, sizes, deadline)
     if target is not None:
         if polish is not None and gap_missed(ctx, target):
             timed_out = finish(ctx, target, deadline, pool, sizes, polish, [])[0] or timed_out
