@@ -3,13 +3,16 @@
 * Frontiers: the split frontiers of one skeleton do not depend on another's; with `workers > 1`
   each microbatch size's skeleton rows are split into parts (`frontier_parts`: the last sizes only,
   until every worker has as many tasks, as every part repeats the stage options and pruning) and
-  computed in forked processes (each inherits the providers and returns its frontiers) before any
-  unit is solved; the parent puts them back in one fixed order.
+  computed in forked processes (each inherits the providers and returns its frontiers, and the
+  first part of a size the option costing's bases) before any unit is solved; the parent puts
+  them back in one fixed order.
 * Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
   plan known when its batch started; a batch's units run in worker processes forked once for the
   whole loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts are merged
   in batch order. The batch size is fixed, so the plan, the bound and the counts never depend on
-  `workers` (a test checks it).
+  `workers` (a test checks it). The one task run ahead of its turn, the polish beside the early
+  engine candidates (`UnitPool.speculate`), is taken only where its arguments are those of the
+  polish that comes next, so it does not change that either.
 
 Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
 same work in turn.
