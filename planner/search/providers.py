@@ -181,7 +181,7 @@ class BlocksProvider(TailLevels, TailPlans):
         for _, _, uniform, bases in states:
             self._uniform.update(uniform)
             if bases is not None and self._costing is None:
-                self._adopt_bases(bases)
+                self._build_costing(bases)
         plan_parts = [st[0] for st in states]
         self._plan_protos, self._plan_screens = self._assemble(plan_parts), self._screens(plan_parts)
         self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
@@ -218,11 +218,11 @@ class BlocksProvider(TailLevels, TailPlans):
 
     def _options(self, r_sync: int, r_mem: int, tails_only: bool = False) -> dict[BlockType, StageOptions]:
         if self._costing is None:  # per block type, what does not depend on the replica counts
-            self._adopt_bases(None)
+            self._build_costing(None)
         assert self._costing is not None
         return {bt: c.options(r_sync, r_mem, tails_only) for bt, c in self._costing.items()}
 
-    def _adopt_bases(self, bases: dict | None) -> None:
+    def _build_costing(self, bases: dict | None) -> None:
         """Build the option costing of every block type, from `bases` (the `OptionCosting.basis`
         lists a frontier worker computed, by block type) where given."""
         ctx = OptionContext(self.model, self.training, self.micro_batch, 1, 1, self.single_node)
