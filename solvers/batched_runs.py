@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +45,17 @@ def skeleton_row(skeleton: tuple) -> Row:
         else:
             out += [x, 1]
     return tuple(out)
+
+
+class SplitColumns(NamedTuple):
+    """Splits of rows with the same stage count as (rows, stages) arrays (`_Batch.solve_columns`)."""
+
+    at: np.ndarray  # (k,) each split's row, as a position in the ids solved
+    starts: np.ndarray  # (k, s) first slot of each stage
+    ends: np.ndarray  # (k, s) last slot of each stage
+    options: np.ndarray  # (k, s) each stage's option in its own view
+    fb: np.ndarray  # (k, s)
+    tails: np.ndarray  # (k, s)
 
 
 @dataclass(frozen=True)
@@ -122,18 +134,35 @@ class _Batch:
 
     def solve(self, codes: RowCodes, ids: list[int], caps: np.ndarray) -> list[Split | None]:
         """Least-A split of each row `codes.live[i]`, i in `ids`, under its cap (None where none fits)."""
-        big_n = self.big_n
         out: list[Split | None] = [None] * len(ids)
+        for g in self.solve_columns(codes, ids, caps):
+            for b, st, en, o, f, t in zip(g.at.tolist(), g.starts.tolist(), g.ends.tolist(), g.options.tolist(),
+                                          g.fb.tolist(), g.tails.tolist()):
+                out[b] = Split(tuple(zip(st, en)), tuple(o), tuple(f), tuple(t))
+        return out
+
+    def solve_columns(self, codes: RowCodes, ids: list[int] | np.ndarray, caps: np.ndarray) -> list[SplitColumns]:
+        """`solve`'s splits as arrays, one group per stage count: the rows' positions in `ids`
+        and their stages' first and last slots, options, F+B and tails (rows without a split left
+        out). Building a tuple per split costs more than the DP when most are dropped later."""
+        big_n = self.big_n
+        groups: list[SplitColumns] = []
         idx = np.asarray(ids, dtype=np.int64)
         total, rev = codes.total[idx], codes.rev[idx]
-        for b in np.flatnonzero(total == 1):
-            x = int(rev[b, 1])
+        single = np.flatnonzero(total == 1)
+        if len(single):
+            x = rev[single, 1]
             fb = self.whole.fb[1, x, big_n]
-            if math.isfinite(fb) and fb <= caps[b]:
-                out[b] = self._single(x, int(self.whole.option[1, x, big_n]))
+            ok = np.isfinite(fb) & (fb <= caps[single])
+            if ok.any():
+                x, b = x[ok], single[ok]
+                k = len(b)
+                groups.append(SplitColumns(b, np.zeros((k, 1), dtype=np.int64), np.full((k, 1), self.n - 1),
+                                           self.whole.option[1, x, big_n][:, None],
+                                           self.whole.fb[1, x, big_n][:, None], self.whole.tail[1, x, big_n][:, None]))
         order = np.flatnonzero(total >= 2)
         if not len(order):
-            return out
+            return groups
         order = order[np.argsort(-total[order], kind="stable")]  # rows still in the DP: a prefix
         rev, tot = rev[order], total[order]
         cap = caps[order][:, None]
@@ -156,22 +185,14 @@ class _Batch:
             sums = first + value[done][:, rest]
             d0 = np.argmin(sums, axis=1)
             ok = np.isfinite(sums[np.arange(len(done)), d0])
-            splits = self._recover(done[ok], r + 1, d0[ok], rev, trace)
-            for b, split in zip(order[done[ok]].tolist(), splits):
-                out[b] = split
-        return out
-
-    def _single(self, x: int, o: int) -> Split:
-        kind = self.views[x].whole
-        return Split(((0, self.n - 1),), (o,), (float(kind.fb[o, self.big_n]),),
-                     (float(kind.tail[o, self.big_n]),))
+            if ok.any():
+                groups.append(self._recover(done[ok], r + 1, d0[ok], rev, trace)._replace(at=order[done[ok]]))
+        return groups
 
     def _recover(self, rows: np.ndarray, s: int, d0: np.ndarray, rev: np.ndarray,
-                 trace: list[tuple[np.ndarray, np.ndarray]]) -> list[Split]:
+                 trace: list[tuple[np.ndarray, np.ndarray]]) -> SplitColumns:
         """The splits of `rows` (s stages each; `d0` decoders in the first), walked back through
         the DP for all rows at once: at each stage the first least d, as `_min_plus` took it."""
-        if not len(rows):
-            return []
         big_n, n = self.big_n, self.n
         at = np.array([s] + [self._mid_at + f for f in range(s - 1, 1, -1)] + [self._last_at])
         ds = [d0]
@@ -191,8 +212,7 @@ class _Batch:
         ends[:, -1] += 1  # the last stage also holds the head
         starts = np.concatenate([np.zeros((len(rows), 1), dtype=np.int64), ends[:, :-1] + 1], axis=1)
         assert np.all(ends[:, -1] == n - 1)
-        return [Split(tuple(zip(st, en)), tuple(o), tuple(f), tuple(t)) for st, en, o, f, t
-                in zip(starts.tolist(), ends.tolist(), opts.tolist(), fbs.tolist(), tails.tolist())]
+        return SplitColumns(rows, starts, ends, opts, fbs, tails)
 
 
 def _min_plus(stage: np.ndarray, rest: np.ndarray) -> np.ndarray:

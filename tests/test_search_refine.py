@@ -238,7 +238,7 @@ def test_search_is_callable_and_stays_a_package() -> None:
 def test_a_deadline_inside_the_frontiers_still_gives_a_real_plan(workers: int) -> None:
     """Past the deadline the split frontiers keep only each skeleton's least-A split: the search
     still returns a valid plan and says it timed out. Its bound comes from the cut frontiers and
-    their screens (`BlocksProvider._screens_of`), so it is above the fluid bound it used to fall
+    their screens (`protos.screens_of`), so it is above the fluid bound it used to fall
     back to, and still below the plan the full search finds."""
     from planner.evaluate import evaluate
     from planner.search.api import _fluid, micro_batch_sizes
@@ -273,8 +273,8 @@ def test_a_cut_frontier_keeps_a_valid_bound(zero: int) -> None:
                               BIG_CLUSTER.single_node, deadline=deadline)
 
     cut, full = provider(0.0), provider(None)
-    assert all(p.ranges for p in cut.plan_protos)
-    screens = [p for p in cut.lb_protos if not p.ranges]
+    assert all(p.at >= 0 for p in cut.plan_protos)
+    screens = [p for p in cut.lb_protos if p.at < 0]
     assert screens and not cut.truncated
     kept: dict[tuple, list[tuple[float, float]]] = {}
     for p in cut.lb_protos:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, OptionCosting, pruned_options
+from planner.search.protos import FrontierPart, Proto, StageTable, assemble, frontier_part, screens_of, stage_rows, stages_of
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.tail_plans import TailPlans
@@ -27,8 +27,8 @@ from planner.search.templates import (Template, TemplateStage, block_skeletons, 
                                       skeleton_group)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import (Row, RowCodes, batched_frontiers, batched_least_bottlenecks, coded_min_max_tails,
-                                  row_skeleton, skeleton_row)
+from solvers.batched_runs import Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton, skeleton_row
+from solvers.frontier_table import batched_frontier_table
 from solvers.partition import StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
@@ -59,28 +59,6 @@ def coverage_name(max_blocks: int, mixed_lens: dict[int, int], num_slots: int) -
     return f"blocks<={max_blocks}"
 
 
-class _Proto(NamedTuple):
-    """One split of a skeleton on its (A, C) frontier. A named tuple: frontiers come back from
-    worker processes by the ten thousand, and tuples unpickle several times faster than
-    dataclasses (32 GPUs: 0.02 s against 0.12 s per microbatch size)."""
-
-    skeleton: tuple[BlockType, ...]
-    a_s: float
-    c_s: float
-    ranges: tuple[tuple[int, int], ...]
-    full_options: tuple[int, ...]  # indices into the unpruned shape lists
-
-
-class _Part(NamedTuple):
-    """The split frontiers of one part of a microbatch size's rows (`BlocksProvider._proto_rows`)."""
-
-    found: dict[tuple, list[_Proto]]  # uniform rows' protos, by row
-    general: list[_Proto]  # the general DP's skeletons' protos (part 0 only)
-    truncated: bool  # the deadline left a general-DP skeleton without any split
-    screens: dict[tuple, _Proto]  # bound-only protos of the cut rows, by row (`_screens_of`)
-    cut_short: bool  # the deadline cut the batched sweep short
-
-
 class BlocksProvider(TailLevels, TailPlans):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
@@ -96,16 +74,19 @@ class BlocksProvider(TailLevels, TailPlans):
         self.stats = ProviderStats(skeletons=len(self.skeletons))
         self.deadline = deadline
         # the deadline left some skeleton (of the general DP) without any split: no bound from
-        # here (rows of the batched sweep it cuts short keep a bound, `_screens_of`)
+        # here (rows of the batched sweep it cuts short keep a bound, `protos.screens_of`)
         self.truncated = False
         self.cut_short = False  # the deadline cut some frontier short: plans from here are poorer
         r_all = max(1, sum(avail))
         self._r_lb = 1 if training.zero == 0 else r_all
         self._full: dict[int, dict[BlockType, StageOptions]] = {}
         self._uniform: dict[BlockType, bool] = {}
-        self._plan_protos: list[_Proto] | None = None  # computed on first use (best-first search
-        self._lb_protos: list[_Proto] | None = None  # may never need this microbatch size)
-        self._plan_screens: list[_Proto] = []  # bound-only protos of the plan protos' cut rows
+        self._plan_protos: list[Proto] | None = None  # computed on first use (best-first search
+        self._lb_protos: list[Proto] | None = None  # may never need this microbatch size)
+        self._plan_screens: list[Proto] = []  # bound-only protos of the plan protos' cut rows
+        self._plan_table: StageTable | None = None  # the plan protos' stages
+        self._block_types = list(shapes)  # a stage table's block type codes index this
+        self._code = {bt: k for k, bt in enumerate(self._block_types)}
         self._zero: list[Template] | None = None
         self._relaxed: list[Template] | None = None
         self._stage_index: dict[BlockType, np.ndarray] | None = None
@@ -129,30 +110,30 @@ class BlocksProvider(TailLevels, TailPlans):
         return self._rows
 
     @property
-    def plan_protos(self) -> list[_Proto]:
+    def plan_protos(self) -> list[Proto]:
         if self._plan_protos is None:
             parts = [self._proto_rows(1, 0, 1)]
-            self._plan_protos, self._plan_screens = self._assemble(parts), self._screens(parts)
+            (self._plan_protos, self._plan_table), self._plan_screens = self._assemble(parts), self._screens(parts)
         return self._plan_protos
 
     @property
-    def lb_protos(self) -> list[_Proto]:
+    def lb_protos(self) -> list[Proto]:
         """The bound's protos: the plan protos (or, with ZeRO, those with memory for every
-        replica), and a bound-only proto (no ranges) per row a deadline cut short (`_screens_of`)."""
+        replica), and a bound-only proto (no stages) per row a deadline cut short (`protos.screens_of`)."""
         if self._lb_protos is None:
-            self._set_lb_protos(None if self._r_lb == 1 else [self._proto_rows(self._r_lb, 0, 1)])
+            self._set_lb_protos(None if self._r_lb == 1 else [self._proto_rows(self._r_lb, 0, 1, False)])
         return self._lb_protos
 
-    def _set_lb_protos(self, parts: list[_Part] | None) -> None:
+    def _set_lb_protos(self, parts: list[FrontierPart] | None) -> None:
         """The bound's protos from the plan protos (`parts` None) or from `parts` (with ZeRO: memory
         for every replica), each with its screens; of at most `bound_blocks` runs."""
         if parts is None:
             plan = self.plan_protos  # computed first: it sets the screens too
             self._lb_protos = self._bounded(plan + self._plan_screens)
         else:
-            self._lb_protos = self._bounded(self._assemble(parts) + self._screens(parts))
+            self._lb_protos = self._bounded(self._assemble(parts)[0] + self._screens(parts))
 
-    def _bounded(self, protos: list[_Proto]) -> list[_Proto]:
+    def _bounded(self, protos: list[Proto]) -> list[Proto]:
         """The protos the bound covers: of at most `bound_blocks` runs."""
         if all(len(g) <= self.bound_blocks for g in self.rows):
             return protos
@@ -169,7 +150,7 @@ class BlocksProvider(TailLevels, TailPlans):
         (`adopt_frontier_parts`), and in part 0 the option costing's bases (`OptionCosting.basis`);
         the stage options themselves are rebuilt from those there (cheaper than pickling them)."""
         plan = self._proto_rows(1, part, parts)
-        lb = None if self._r_lb == 1 else self._proto_rows(self._r_lb, part, parts)
+        lb = None if self._r_lb == 1 else self._proto_rows(self._r_lb, part, parts, False)
         # part 0 also hands back the option costing's bases: the unit workers, forked from the
         # parent later, then inherit them instead of each rebuilding every block type's (about
         # 0.1 s per worker and microbatch size at 64 GPUs)
@@ -183,7 +164,7 @@ class BlocksProvider(TailLevels, TailPlans):
             if bases is not None and self._costing is None:
                 self._build_costing(bases)
         plan_parts = [st[0] for st in states]
-        self._plan_protos, self._plan_screens = self._assemble(plan_parts), self._screens(plan_parts)
+        (self._plan_protos, self._plan_table), self._plan_screens = self._assemble(plan_parts), self._screens(plan_parts)
         self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
         self._ac = {}
         self._plan_use = None
@@ -255,35 +236,29 @@ class BlocksProvider(TailLevels, TailPlans):
             self._full[r_mem] = self._options(1, r_mem)
         return self._full[r_mem]
 
-    def _assemble(self, parts: list[_Part]) -> list[_Proto]:
+    def _assemble(self, parts: list[FrontierPart]) -> tuple[list[Proto], StageTable | None]:
         """Protos of every part (`_proto_rows`) in one fixed order (homogeneous rows, two-run
-        rows, then the general-DP skeletons), whatever the parts were."""
-        rows: dict[tuple, list[_Proto]] = {}
+        rows, then the general-DP skeletons), whatever the parts were, and their stages."""
         for part in parts:
-            rows.update(part.found)
             self.truncated = self.truncated or part.truncated
             self.cut_short = self.cut_short or part.cut_short
-        out: list[_Proto] = []
-        for group_rows in self.rows.values():
-            for row in group_rows:
-                out.extend(rows.get(row, ()))
-        for part in parts:
-            out.extend(part.general)
+        out, stages = assemble(parts, (row for group_rows in self.rows.values() for row in group_rows))
         self.stats.templates += len(out)
-        return out
+        return out, stages
 
-    def _screens(self, parts: list[_Part]) -> list[_Proto]:
-        """The bound-only protos of every part (`_screens_of`), in row order."""
-        screens: dict[tuple, _Proto] = {}
+    def _screens(self, parts: list[FrontierPart]) -> list[Proto]:
+        """The bound-only protos of every part (`protos.screens_of`), in row order."""
+        screens: dict[tuple, Proto] = {}
         for part in parts:
             screens.update(part.screens)
         if not screens:
             return []
         return [screens[row] for group_rows in self.rows.values() for row in group_rows if row in screens]
 
-    def _proto_rows(self, r_mem: int, part: int, parts: int) -> _Part:
+    def _proto_rows(self, r_mem: int, part: int, parts: int, with_stages: bool = True) -> FrontierPart:
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
-        those of the skeletons the general DP solves; and what the deadline cut short."""
+        those of the skeletons the general DP solves; and what the deadline cut short. Without
+        `with_stages` (bound protos under ZeRO) the part keeps their A and C only."""
         full = self._full_options(r_mem)
         used = list(dict.fromkeys(bt for g in self.rows for bt in g))
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
@@ -297,14 +272,9 @@ class BlocksProvider(TailLevels, TailPlans):
         rows = [row for g, group_rows in self.rows.items() if all(views[bt] is not None for bt in g)
                 for row in group_rows]
         live = {bt: v for bt, v in views.items() if v is not None}
-        found = batched_frontiers(live, rows[part::parts], budget)
-        out: dict[tuple, list[_Proto]] = {}
-        for row, splits in found.items():
-            sk = row_skeleton(row)
-            out[row] = [_Proto(sk, sp.a_s, sp.c_s, sp.ranges,
-                               tuple(keep[bt][o] for bt, o in zip(sk, sp.options))) for sp in splits]
-        screens = self._screens_of(live, budget.cut, out)
-        general: list[_Proto] = []
+        table = batched_frontier_table(live, rows[part::parts], budget)
+        screens = screens_of(table, budget.cut, batched_least_bottlenecks(live, budget.cut) if budget.cut else {})
+        general: list[tuple[tuple[BlockType, ...], object]] = []
         truncated = False  # a skeleton left without any split: only the fluid bound covers it
         for sk in self.skeletons if part == 0 else ():
             if all(views.get(bt) is not None for bt in set(sk)):
@@ -312,30 +282,9 @@ class BlocksProvider(TailLevels, TailPlans):
             if self.deadline is not None and time.perf_counter() > self.deadline:
                 truncated = True
                 break
-            for split in split_frontier([opts[bt] for bt in sk], with_tail=False):
-                idx = tuple(keep[bt][o] for bt, o in zip(sk, split.options))
-                general.append(_Proto(sk, split.a_s, split.c_s, split.ranges, idx))
-        return _Part(out, general, truncated, screens, budget.hit)
-
-    @staticmethod
-    def _screens_of(views: dict, cut: list[Row], found: dict[tuple, list[_Proto]]) -> dict[Row, _Proto]:
-        """Bound-only protos (no ranges) for the rows a deadline cut short: every split of a row
-        that its frontier did not reach has a smaller C than the last point found, so A at least
-        that point's (the least A under a lower cap only grows) and C at least the row's least
-        bottleneck."""
-        if not cut:
-            return {}
-        least = batched_least_bottlenecks(views, cut)
-        out = {}
-        for row in cut:
-            points = found.get(row)
-            c_lb = least.get(row)
-            if not points or c_lb is None:
-                continue
-            last = max(points, key=lambda p: (p.a_s, -p.c_s))
-            if c_lb < last.c_s:
-                out[row] = _Proto(last.skeleton, last.a_s, c_lb, (), ())
-        return out
+            general.extend((sk, split) for split in split_frontier([opts[bt] for bt in sk], with_tail=False))
+        full_index = {bt: np.asarray(keep[bt], dtype=np.int64) for bt in keep}
+        return frontier_part(table, general, self._code, full_index, truncated, screens, budget.hit, with_stages)
 
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
@@ -449,18 +398,17 @@ class BlocksProvider(TailLevels, TailPlans):
         """Stages of plan proto i (built when a plan first uses it)."""
         if i not in self._plan_stages:
             p = self.plan_protos[i]
+            assert self._plan_table is not None
             self._plan_stages[i] = tuple(TemplateStage(bt.cls, self.shapes[bt][o], first, last)
-                                         for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges))
+                                         for bt, (_, o, first, last) in zip(p.skeleton, stages_of(p, self._plan_table)))
         return self._plan_stages[i]
 
     def _stage_rows(self) -> dict[BlockType, np.ndarray]:
         """Per block type, (proto, option, first, end) of every plan proto stage using it."""
         if self._stage_index is None:
-            rows: dict[BlockType, list[tuple[int, int, int, int]]] = {}
-            for k, p in enumerate(self.plan_protos):
-                for bt, o, (first, last) in zip(p.skeleton, p.full_options, p.ranges):
-                    rows.setdefault(bt, []).append((k, o, first, last + 1))
-            self._stage_index = {bt: np.array(r, dtype=np.int64) for bt, r in rows.items()}
+            protos = self.plan_protos
+            assert self._plan_table is not None
+            self._stage_index = {self._block_types[k]: v for k, v in stage_rows(protos, self._plan_table).items()}
         return self._stage_index
 
     def _plan_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
