@@ -32,6 +32,7 @@ class FrontierTable:
     counts: np.ndarray  # (R,) splits per row
     a: np.ndarray  # (P,) sum of the stages' F+B (summed as `Split.a_s` sums it)
     c: np.ndarray  # (P,) the largest stage F+B
+    e: np.ndarray  # (P,) the largest stage tail
     start: np.ndarray  # (P + 1,)
     kind: np.ndarray  # (N,) each stage's view, as an index into `keys`
     option: np.ndarray  # (N,) each stage's option in its own view
@@ -41,7 +42,8 @@ class FrontierTable:
     @classmethod
     def empty(cls, keys: list[Hashable]) -> FrontierTable:
         none = np.zeros(0, dtype=np.int64)
-        return cls(keys, [], none, np.zeros(0), np.zeros(0), np.zeros(1, dtype=np.int64), none, none, none, none)
+        return cls(keys, [], none, np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(1, dtype=np.int64), none, none,
+                   none, none)
 
     def row_starts(self) -> np.ndarray:
         """(R + 1,) each row's first split."""
@@ -91,6 +93,7 @@ def _gather(keys: list[Hashable], codes: RowCodes, order: list[int],
     rnd = np.concatenate([np.full(len(ids), k) for ids, k, *_ in found])
     a = np.concatenate([np.asarray(av, dtype=float) for _, _, av, _, _ in found])
     c = np.concatenate([cv for *_, cv, _ in found])
+    e = np.concatenate([g.tails.max(axis=1) for *_, g in found])
     group = np.concatenate([np.full(len(ids), j) for j, (ids, *_) in enumerate(found)])
     pos = np.concatenate([np.arange(len(ids)) for ids, *_ in found])
     rank = np.empty(len(codes.live), dtype=np.int64)
@@ -120,4 +123,4 @@ def _gather(keys: list[Hashable], codes: RowCodes, order: list[int],
         first[at] = g.starts[src].ravel()
         last[at] = g.ends[src].ravel()
     return FrontierTable(keys, [codes.live[order[i]] for i in out_rows.tolist()], counts.astype(np.int64),
-                         a[kept], c[kept], start, kind, option, first, last)
+                         a[kept], c[kept], e[kept], start, kind, option, first, last)

@@ -11,7 +11,7 @@ from tests.test_batched_runs import _instance
 
 
 def _as_splits(table) -> dict:
-    """The table as {row: [(ranges, options, A, C), ...]}."""
+    """The table as {row: [(ranges, options, A, C, E), ...]}."""
     out: dict = {}
     q = 0
     for row, count in zip(table.rows, table.counts.tolist()):
@@ -19,12 +19,13 @@ def _as_splits(table) -> dict:
         for _ in range(count):
             lo, hi = int(table.start[q]), int(table.start[q + 1])
             ranges = tuple(zip(table.first[lo:hi].tolist(), table.last[lo:hi].tolist()))
-            points.append((ranges, tuple(table.option[lo:hi].tolist()), float(table.a[q]), float(table.c[q])))
+            points.append((ranges, tuple(table.option[lo:hi].tolist()), float(table.a[q]), float(table.c[q]),
+                           float(table.e[q])))
             kinds = [table.keys[k] for k in table.kind[lo:hi].tolist()]
             assert kinds == [x for i in range(0, len(row), 2) for x in (row[i],) * row[i + 1]]
             q += 1
         out[row] = points
-    assert q == len(table.a) == len(table.c) == len(table.start) - 1
+    assert q == len(table.a) == len(table.c) == len(table.e) == len(table.start) - 1
     return out
 
 
@@ -36,7 +37,7 @@ def _rows_with_three_runs(views: dict, n: int) -> list[tuple]:
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("cut", [False, True])
 def test_the_table_holds_the_batched_sweeps_splits(seed: int, cut: bool) -> None:
-    """Same rows in the same order, same splits (ranges, options, A and C bit for bit) in the same
+    """Same rows in the same order, same splits (ranges, options, A, C and E bit for bit) in the same
     order, each stage of its row's type; cut after the first round, the same rows are cut."""
     n, _, views, rows = _instance(seed)
     rows = rows + _rows_with_three_runs(views, n)
@@ -46,7 +47,7 @@ def test_the_table_holds_the_batched_sweeps_splits(seed: int, cut: bool) -> None
     got = _as_splits(table)
     assert list(got) == list(want)
     for row, splits in want.items():
-        assert got[row] == [(sp.ranges, sp.options, sp.a_s, sp.c_s) for sp in splits], row
+        assert got[row] == [(sp.ranges, sp.options, sp.a_s, sp.c_s, sp.e_s) for sp in splits], row
     if cut:
         assert got_budget.hit and got_budget.cut == want_budget.cut
         assert any(len(v) > 1 for v in batched_frontiers(views, rows).values())  # the cut dropped points

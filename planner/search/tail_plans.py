@@ -20,9 +20,10 @@ import numpy as np
 
 from planner.search.options import pruned_options
 from planner.search.space import BlockType, skeleton_usage
-from planner.search.templates import Template, TemplateStage, prune_templates
+from planner.search.templates import Template, TemplateStage, pareto_indices
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import Row, batched_frontiers, batched_min_max_tails, row_skeleton, skeleton_row
+from solvers.batched_runs import Row, batched_min_max_tails, row_skeleton, skeleton_row
+from solvers.frontier_table import batched_frontier_table
 from solvers.uniform_layers import INF, Kind, UniformView, uniform_view
 
 LEVEL_RATIO = 1.15  # a plan's largest tail v has a cap within [v, LEVEL_RATIO·v] (`_levels`)
@@ -122,13 +123,18 @@ class TailPlans:
         capped = {(bt, j): _capped(views[bt], e) for bt in bts for j, e in enumerate(levels)}
         rows = [tuple(x for k in range(0, len(row), 2) for x in ((row[k], j), row[k + 1]))
                 for row in plain for j in range(len(levels))]
+        table = batched_frontier_table(capped, rows)
         n_cls = len(self.classes)
+        skeletons = [tuple(bt for bt, _ in row_skeleton(row)) for row in table.rows]
+        of = np.repeat(np.arange(len(skeletons)), table.counts).tolist()
+        usages = [skeleton_usage(sk, n_cls) for sk in skeletons]
+        a, c, e = table.a.tolist(), table.c.tolist(), table.e.tolist()
+        # pruned as `prune_templates` would (same keys and order), stages built for the kept only
         out = []
-        for row, splits in batched_frontiers(capped, rows).items():
-            sk = tuple(bt for bt, _ in row_skeleton(row))
-            usage = skeleton_usage(sk, n_cls)
-            for sp in splits:
-                stages = tuple(TemplateStage(bt.cls, self.shapes[bt][keep[bt][o]], first, last)
-                               for bt, o, (first, last) in zip(sk, sp.options, sp.ranges))
-                out.append(Template(usage, sp.a_s, sp.c_s, max(sp.tails), None, stages))
-        return prune_templates(out)
+        for q in pareto_indices([usages[k] for k in of], a, c, e):
+            lo, hi = int(table.start[q]), int(table.start[q + 1])
+            stages = tuple(TemplateStage(bt.cls, self.shapes[bt][keep[bt][o]], first, last)
+                           for bt, o, first, last in zip(skeletons[of[q]], table.option[lo:hi].tolist(),
+                                                         table.first[lo:hi].tolist(), table.last[lo:hi].tolist()))
+            out.append(Template(usages[of[q]], a[q], c[q], e[q], None, stages))
+        return out
