@@ -554,3 +554,25 @@ def test_frontier_workers_hand_back_the_option_costing() -> None:
         for bt in mine:
             for f in ("fb", "tail", "mem_fixed", "act"):
                 assert np.array_equal(getattr(mine[bt], f), getattr(fresh[bt], f))
+
+
+def test_handed_back_bases_send_each_equal_array_once() -> None:
+    """`options.shared_bases`: equal arrays of the bases become one object (same values), so the
+    pickle a frontier worker sends holds each once and is several times smaller."""
+    import pickle
+
+    from planner.search.options import shared_bases
+
+    p = _provider(1)
+    p._options(1, 1)
+    assert p._costing is not None
+    bases = {bt: c.basis for bt, c in p._costing.items()}
+    shared = shared_bases(bases)
+    fields = ("fb", "hidden", "params", "uniq", "inverse", "work", "act")
+    for bt in bases:
+        for b, s in zip(bases[bt], shared[bt]):
+            assert all(np.array_equal(getattr(b, f), getattr(s, f)) for f in fields)
+    objects = {id(getattr(s, f)) for lst in shared.values() for s in lst for f in fields}
+    arrays = sum(len(lst) for lst in shared.values()) * len(fields)
+    assert len(objects) < arrays / 2
+    assert len(pickle.dumps(shared)) < len(pickle.dumps(bases)) / 2

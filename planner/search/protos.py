@@ -31,6 +31,9 @@ class Proto(NamedTuple):
     at: int  # its first stage in the provider's `StageTable`; -1: a bound-only screen, no stages
 
 
+_FIELDS = ("code", "option", "first", "last")
+
+
 @dataclass(frozen=True)
 class StageTable:
     """Stages of many protos, a proto's stages consecutive, first stage first."""
@@ -43,12 +46,16 @@ class StageTable:
     def __len__(self) -> int:
         return len(self.code)
 
+    def narrowed(self) -> StageTable:
+        """The same table in int32 (block type codes, option indices and layer slots are small)."""
+        return StageTable(*(getattr(self, f).astype(np.int32) for f in _FIELDS))
+
     @classmethod
     def concat(cls, tables: list[StageTable]) -> StageTable:
         if not tables:
             none = np.zeros(0, dtype=np.int64)
             return cls(none, none, none, none)
-        return cls(*(np.concatenate([getattr(t, f) for t in tables]) for f in ("code", "option", "first", "last")))
+        return cls(*(np.concatenate([getattr(t, f) for t in tables]) for f in _FIELDS))
 
 
 class FrontierPart(NamedTuple):
@@ -89,7 +96,8 @@ def frontier_part(table: FrontierTable, general: list[tuple[tuple[BlockType, ...
         theirs = [(code_of[bt], int(full_index[bt][o]), first, last)
                   for sk, sp in general for bt, o, (first, last) in zip(sk, sp.options, sp.ranges)]
         cols = np.array(theirs, dtype=np.int64).reshape(-1, 4).T
-        stages = StageTable.concat([ours, StageTable(*cols)])
+        # a part crosses a pipe: half the bytes in int32
+        stages = StageTable.concat([ours, StageTable(*cols)]).narrowed()
     return FrontierPart(keys, len(table.rows), counts, a, c, start, stages, truncated, screens, cut_short)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costmodel.base import CostModel
-from planner.search.options import OptionContext, OptionCosting, pruned_options
+from planner.search.options import OptionContext, OptionCosting, pruned_options, shared_bases
 from planner.search.protos import FrontierPart, Proto, StageTable, assemble, frontier_part, screens_of, stage_rows, stages_of
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
@@ -154,7 +154,7 @@ class BlocksProvider(TailLevels, TailPlans):
         # part 0 also hands back the option costing's bases: the unit workers, forked from the
         # parent later, then inherit them instead of each rebuilding every block type's (about
         # 0.1 s per worker and microbatch size at 64 GPUs)
-        bases = {bt: c.basis for bt, c in self._costing.items()} if part == 0 and self._costing else None
+        bases = shared_bases({bt: c.basis for bt, c in self._costing.items()}) if part == 0 and self._costing else None
         return plan, lb, self._uniform, bases
 
     def adopt_frontier_parts(self, states: list[tuple]) -> None:
