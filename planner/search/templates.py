@@ -281,12 +281,17 @@ class PackedTemplates:
     @classmethod
     def of(cls, templates: list[Template]) -> PackedTemplates:
         index: dict[tuple, int] = {}
+        n = len(templates)
         sk = [-1 if t.skeleton is None else index.setdefault(t.skeleton, len(index)) for t in templates]
         width = len(templates[0].usage) if templates else 0
-        return cls(np.array([t.usage for t in templates], dtype=np.int64).reshape(len(templates), width),
-                   np.array([(t.a_s, t.c_s, t.e_s) for t in templates], dtype=float).reshape(len(templates), 3),
-                   np.array([-1 if t.max_microbatches is None else t.max_microbatches for t in templates], dtype=np.int64),
-                   np.array([-1 if t.proto is None else t.proto for t in templates], dtype=np.int64),
+        # np.fromiter over flat iterables: several times faster than np.array on nested tuples
+        return cls(np.fromiter(itertools.chain.from_iterable(t.usage for t in templates), dtype=np.int64,
+                               count=n * width).reshape(n, width),
+                   np.fromiter(itertools.chain.from_iterable((t.a_s, t.c_s, t.e_s) for t in templates), dtype=float,
+                               count=3 * n).reshape(n, 3),
+                   np.fromiter((-1 if t.max_microbatches is None else t.max_microbatches for t in templates),
+                               dtype=np.int64, count=n),
+                   np.fromiter((-1 if t.proto is None else t.proto for t in templates), dtype=np.int64, count=n),
                    np.array(sk, dtype=np.int64), list(index),
                    [t.stages for t in templates] if any(t.stages for t in templates) else None)
 
