@@ -576,3 +576,15 @@ def test_handed_back_bases_send_each_equal_array_once() -> None:
     arrays = sum(len(lst) for lst in shared.values()) * len(fields)
     assert len(objects) < arrays / 2
     assert len(pickle.dumps(shared)) < len(pickle.dumps(bases)) / 2
+
+
+def test_range_max_is_the_largest_value_of_each_layer_range() -> None:
+    """`options._range_max`: max(values[i:j]) for every cell j > i, checked against a direct loop."""
+    from planner.search.options import _range_max
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 42):
+        values = rng.random(n) * 1e9
+        i_idx, j_idx = np.triu_indices(n + 1, k=1)
+        want = [values[i:j].max() for i, j in zip(i_idx.tolist(), j_idx.tolist())]
+        assert _range_max(values, i_idx, j_idx).tolist() == want
