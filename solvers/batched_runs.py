@@ -299,28 +299,36 @@ def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row
 def _coded_min_max(codes: RowCodes, table: Callable[[str, int], np.ndarray], flights: int) -> np.ndarray:
     """Least over splits of the largest per-stage value, for every live row: `table(kind, F)` is
     that value by (flight 0..F, type, decoders) for the stage kind ("first", "mid", "last",
-    "whole"), +inf where no option fits."""
+    "whole"), +inf where no option fits.
+
+    Without caps a row's table after r stages from the end depends only on the types of those r
+    stages, so the DP runs once per distinct suffix, not once per row: on a 64-GPU ladder pool
+    1,361 suffix steps instead of 8,297 row steps (homogeneous rows of every length share all of
+    theirs), 1,560 instead of 16,684 at 1,024 GPUs."""
     out = np.full(len(codes.live), INF)
-    total = codes.total
+    total, rev = codes.total, codes.rev
     ones = np.flatnonzero(total == 1)
     whole = table("whole", 1)
     big_n = whole.shape[2] - 1
-    out[ones] = whole[1, codes.rev[ones, 1], big_n]
-    order = np.flatnonzero(total >= 2)
-    if not len(order):
+    out[ones] = whole[1, rev[ones, 1], big_n]
+    rows = np.flatnonzero(total >= 2)
+    if not len(rows):
         return out
-    order = order[np.argsort(-total[order], kind="stable")]
-    rev, tot = codes.rev[order], total[order]
     first, mid = table("first", flights), table("mid", flights)
-    value = table("last", 1)[1, rev[:, 1]]  # (B, D)
+    types = first.shape[1]
     rest = big_n - np.arange(big_n + 1)
+    suffix, at = np.unique(rev[rows, 1], return_inverse=True)  # r = 1: the last stage's type
+    value = table("last", 1)[1, suffix]  # (suffixes, D)
     for r in range(1, flights):
-        active = int(np.count_nonzero(tot > r))
         if r >= 2:
-            value = _minmax_conv(mid[r, rev[:active, r]], value[:active])
-        done = np.arange(int(np.count_nonzero(tot > r + 1)), active)
-        if len(done):
-            out[order[done]] = np.min(np.maximum(first[r + 1, rev[done, r + 1]], value[done][:, rest]), axis=1)
+            live = total[rows] > r
+            rows, at = rows[live], at[live]
+            suffix, at = np.unique(at * types + rev[rows, r], return_inverse=True)
+            value = _minmax_conv(mid[r, suffix % types], value[suffix // types])
+        done = total[rows] == r + 1
+        if done.any():
+            b = rows[done]
+            out[b] = np.min(np.maximum(first[r + 1, rev[b, r + 1]], value[at[done]][:, rest]), axis=1)
     return out
 
 
