@@ -19,7 +19,8 @@ import numpy as np
 
 from planner.costmodel.base import CostModel
 from planner.search.options import OptionContext, OptionCosting, pruned_options, shared_bases
-from planner.search.protos import FrontierPart, Proto, StageTable, assemble, frontier_part, screens_of, stage_rows, stages_of
+from planner.search.protos import (FrontierPart, Proto, StageTable, assemble, frontier_part, screens_of, stage_rows,
+                                   stages_of)
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.tail_plans import TailPlans
@@ -27,7 +28,8 @@ from planner.search.templates import (Template, TemplateStage, block_skeletons, 
                                       skeleton_group)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton, skeleton_row
+from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton,
+                                  skeleton_row)
 from solvers.frontier_table import batched_frontier_table
 from solvers.partition import StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
@@ -113,7 +115,8 @@ class BlocksProvider(TailLevels, TailPlans):
     def plan_protos(self) -> list[Proto]:
         if self._plan_protos is None:
             parts = [self._proto_rows(1, 0, 1)]
-            (self._plan_protos, self._plan_table), self._plan_screens = self._assemble(parts), self._screens(parts)
+            self._plan_protos, self._plan_table = self._assemble(parts)
+            self._plan_screens = self._screens(parts)
         return self._plan_protos
 
     @property
@@ -154,7 +157,9 @@ class BlocksProvider(TailLevels, TailPlans):
         # part 0 also hands back the option costing's bases: the unit workers, forked from the
         # parent later, then inherit them instead of each rebuilding every block type's (about
         # 0.1 s per worker and microbatch size at 64 GPUs)
-        bases = shared_bases({bt: c.basis for bt, c in self._costing.items()}) if part == 0 and self._costing else None
+        bases = None
+        if part == 0 and self._costing:
+            bases = shared_bases({bt: c.basis for bt, c in self._costing.items()})
         return plan, lb, self._uniform, bases
 
     def adopt_frontier_parts(self, states: list[tuple]) -> None:
@@ -164,7 +169,8 @@ class BlocksProvider(TailLevels, TailPlans):
             if bases is not None and self._costing is None:
                 self._build_costing(bases)
         plan_parts = [st[0] for st in states]
-        (self._plan_protos, self._plan_table), self._plan_screens = self._assemble(plan_parts), self._screens(plan_parts)
+        self._plan_protos, self._plan_table = self._assemble(plan_parts)
+        self._plan_screens = self._screens(plan_parts)
         self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
         self._ac = {}
         self._plan_use = None
