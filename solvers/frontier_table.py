@@ -1,9 +1,10 @@
 """The batched split frontiers (`batched_runs.batched_frontiers`) as a few flat arrays.
 
 A 64-GPU pool has about 2,000 rows per microbatch size and their parametric sweep finds about
-50,000 splits, four in five of them dominated later. Built as a named tuple each (ranges, options,
-F+B, tails), those splits took a third of the sweep's time, and the 11,000 kept ones, sent back
-from a worker process as nested tuples, as long again to pickle and unpickle. Here the sweep keeps
+50,000 splits, four in five of them dominated later. Building a named tuple for each (ranges,
+options, F+B, tails) and then a provider proto for each of the 11,000 kept took about a quarter
+of a size's frontier time (0.37 of 1.5 s under cProfile), and sending those protos back from a
+worker process as nested tuples about as long again to pickle and unpickle. Here the sweep keeps
 each round's splits as the DP's arrays and only the kept ones are gathered, into one stage table:
 the same points, stages and order as `batched_frontiers` (`tests/test_frontier_table.py`).
 """
