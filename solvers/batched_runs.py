@@ -226,6 +226,12 @@ def _min_plus(stage: np.ndarray, rest: np.ndarray) -> np.ndarray:
     return out
 
 
+def sweep_order(codes: RowCodes) -> list[int]:
+    """The live rows in the order the parametric sweeps take them: by stage types, first stage
+    first (so the answer does not depend on the order rows were given in)."""
+    return sorted(range(len(codes.live)), key=lambda i: codes.rev[i, codes.total[i]:0:-1].tolist())
+
+
 def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
                       budget: Budget | None = None) -> dict[Row, list[Split]]:
     """Every non-dominated (A, C) split of each row (x1, k1, x2, k2, ...): k1 stages of `views[x1]`,
@@ -239,7 +245,7 @@ def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
         return {}
     batch = _Batch([views[k] for k in keys], int(codes.total.max()))
     at = {row: i for i, row in enumerate(codes.live)}
-    order = sorted(range(len(codes.live)), key=lambda i: codes.rev[i, codes.total[i]:0:-1].tolist())
+    order = sweep_order(codes)
     found = parametric_frontiers(lambda rs, caps: batch.solve(codes, [at[r] for r in rs], caps),
                                  [codes.live[i] for i in order], budget=budget)
     return found

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.batched_runs import RowCodes, Row, SplitColumns, _Batch
+from solvers.batched_runs import Row, RowCodes, SplitColumns, _Batch, sweep_order
 from solvers.uniform_layers import INF, Budget, UniformView
 
 PARETO_REL = 1e-12  # A within this (relative) counts as equal, as in `partition.pareto_ac`
@@ -62,7 +62,7 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
     if not codes.live:
         return FrontierTable.empty(keys)
     batch = _Batch([views[k] for k in keys], int(codes.total.max()))
-    order = sorted(range(len(codes.live)), key=lambda i: codes.rev[i, codes.total[i]:0:-1].tolist())
+    order = sweep_order(codes)
     live = np.array(order, dtype=np.int64)
     caps = np.full(len(codes.live), INF)
     found: list[tuple[np.ndarray, int, list[float], np.ndarray, SplitColumns]] = []

@@ -92,7 +92,7 @@ def frontier_part(table: FrontierTable, general: list[tuple[tuple[BlockType, ...
         for x, bt in enumerate(table.keys):
             mine = table.kind == x
             option[mine] = full_index[bt][table.option[mine]]
-        ours = StageTable(kind_code[table.kind] if len(table.keys) else table.kind, option, table.first, table.last)
+        ours = StageTable(kind_code[table.kind], option, table.first, table.last)
         theirs = [(code_of[bt], int(full_index[bt][o]), first, last)
                   for sk, sp in general for bt, o, (first, last) in zip(sk, sp.options, sp.ranges)]
         cols = np.array(theirs, dtype=np.int64).reshape(-1, 4).T

@@ -31,7 +31,7 @@ from planner.specs.training import TrainingSpec
 from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton,
                                   skeleton_row)
 from solvers.frontier_table import batched_frontier_table
-from solvers.partition import StageOptions, min_max_tail, split_frontier
+from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
 
@@ -280,7 +280,7 @@ class BlocksProvider(TailLevels, TailPlans):
         live = {bt: v for bt, v in views.items() if v is not None}
         table = batched_frontier_table(live, rows[part::parts], budget)
         screens = screens_of(table, budget.cut, batched_least_bottlenecks(live, budget.cut) if budget.cut else {})
-        general: list[tuple[tuple[BlockType, ...], object]] = []
+        general: list[tuple[tuple[BlockType, ...], Split]] = []
         truncated = False  # a skeleton left without any split: only the fluid bound covers it
         for sk in self.skeletons if part == 0 else ():
             if all(views.get(bt) is not None for bt in set(sk)):
