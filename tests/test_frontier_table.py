@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from solvers.batched_runs import batched_frontiers
-from solvers.frontier_table import batched_frontier_table
+from solvers.frontier_table import Horizon, batched_frontier_table
 from solvers.uniform_layers import Budget
 from tests.test_batched_runs import _instance
 
@@ -58,3 +60,36 @@ def test_an_empty_table() -> None:
     table = batched_frontier_table(views, [("x", n + 1, "x", 0)])
     assert table.rows == [] and len(table.a) == 0 and table.start.tolist() == [0]
     assert batched_frontier_table({}, [("x", 1, "x", 0)]).rows == []
+
+
+def _held(a: float, c: float, t: float, m: int) -> int:
+    """Microbatches a copy of split (A, C) holds at pipeline time t (as `solvers.assign._caps`)."""
+    return 0 if t + 1e-15 < a else min(m, math.floor((t - a) / c + 1e-12) + 1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_horizon_keeps_what_every_later_pipeline_time_needs(seed: int) -> None:
+    """With a horizon (t_lo, M) the table lists some of the full table's splits (each as it is
+    there, rows in the same order), each row's least-C split among them, and at t_lo and at every
+    later time where some split's count steps up, each row's most microbatches held is what its
+    full frontier holds; it lists fewer splits, and cut after the first round it keeps the same
+    splits as without a horizon."""
+    n, _, views, rows = _instance(seed)
+    rows = rows + _rows_with_three_runs(views, n)
+    full = _as_splits(batched_frontier_table(views, rows))
+    a_all = sorted(p[2] for pts in full.values() for p in pts)
+    dropped = 0
+    for t_lo, m in ((a_all[len(a_all) // 2], 8), (2 * a_all[-1], 64), (a_all[0], 3), (1.5 * a_all[-1], 2)):
+        got = _as_splits(batched_frontier_table(views, rows, horizon=Horizon(t_lo, m)))
+        assert list(got) == [row for row in full if row in got]
+        assert set(got) == set(full)  # every row keeps its least-C split
+        for row, pts in full.items():
+            assert all(p in pts for p in got[row])
+            assert min(p[3] for p in got[row]) == min(p[3] for p in pts)
+            steps = {t_lo} | {p[2] + k * p[3] for p in pts for k in range(m) if p[2] + k * p[3] >= t_lo}
+            for t in steps:
+                assert max(_held(p[2], p[3], t, m) for p in got[row]) == max(_held(p[2], p[3], t, m) for p in pts)
+            dropped += len(pts) - len(got[row])
+        cut = _as_splits(batched_frontier_table(views, rows, Budget(0.0), Horizon(t_lo, m)))
+        assert cut == _as_splits(batched_frontier_table(views, rows, Budget(0.0)))
+    assert dropped > 0

@@ -31,7 +31,7 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
-from planner.search.bounds import fluid_bound_s
+from planner.search.bounds import fluid_bound_s, fluid_work
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.parallel import UnitPool, prefetch_frontiers
@@ -127,15 +127,11 @@ def _costable(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Res
 
 def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
            micro_batch: int, cross_node: bool = False) -> float:
-    n = model.num_layer_slots
-    work = np.full((n, len(classes)), np.inf)
-    for rc in classes:
-        for shape in _costable(cost, model, training, rc,
-                               stage_shapes(model, training, rc, micro_batch, cross_node), micro_batch):
-            table = cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
-                                                   shape.recompute, training.seq_len), model, training)
-            w = (table.fwd_s + table.bwd_s) * shape.gpus
-            work[:, rc.index] = np.minimum(work[:, rc.index], w)
+    """The fluid bound on the step (`bounds`) at this microbatch size, over every costable shape."""
+    shapes = [(rc.index, shape) for rc in classes
+              for shape in _costable(cost, model, training, rc,
+                                     stage_shapes(model, training, rc, micro_batch, cross_node), micro_batch)]
+    work = fluid_work(cost, model, training, classes, shapes, micro_batch)
     gpus = np.array([rc.gpus for rc in classes], dtype=float)
     return fluid_bound_s(work, gpus, training.global_batch // micro_batch) + cost.knobs.step_overhead_s
 

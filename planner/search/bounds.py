@@ -1,15 +1,39 @@
-"""A cheap lower bound on the step time that holds for every plan, used when a time limit stops the
-search before every (microbatch size, replica count) has been solved.
+"""A cheap lower bound on the pipeline time that holds for every plan: used when a time limit stops
+the search before every (microbatch size, replica count) has been solved, and to leave out of the
+split frontiers the splits no plan at such a time gains from (`frontier_table.Horizon`).
 
 Fluid bound: every layer must run M·b sequences forward and backward somewhere; a GPU of class c
 spends at least w[l, c] GPU-seconds per microbatch of layer l (its best shape, times the shape's GPU
-count, communication included but no boundary receives). Minimising T subject to the class
-capacities N_c·T is an LP whose optimum no plan can beat; the fixed per-step overhead is added.
+count, communication included but no boundary receives). A stage's F+B is the sum of its layers'
+plus receives, and a pipeline of m microbatches keeps each stage's GPUs busy m·(F+B) within its
+pipeline time, so minimising T subject to the class capacities N_c·T is an LP whose optimum no plan
+can beat (the search adds the fixed per-step overhead for a bound on the step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
+
+from planner.costmodel.base import CostModel, Shard
+from planner.search.space import ResourceClass, StageShape
+from planner.specs.models import ModelSpec
+from planner.specs.training import TrainingSpec
+
+FLUID_MARGIN = 1e-9  # bounds are shrunk by this much (relative) against rounding
+
+
+def fluid_work(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+               shapes: Iterable[tuple[int, StageShape]], micro_batch: int) -> np.ndarray:
+    """(layer slots, classes) least GPU-seconds per microbatch of each layer on each class over
+    the (class index, shape) pairs given (inf where none), without boundary receives."""
+    work = np.full((model.num_layer_slots, len(classes)), np.inf)
+    for cls, shape in shapes:
+        table = cost.layer_table(classes[cls].dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
+                                                         shape.recompute, training.seq_len), model, training)
+        work[:, cls] = np.minimum(work[:, cls], (table.fwd_s + table.bwd_s) * shape.gpus)
+    return work
 
 
 def fluid_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int) -> float:
@@ -30,3 +54,22 @@ def fluid_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int) -> floa
     if prob.sol_status != pulp.LpSolutionOptimal:
         return 0.0
     return max(0.0, float(t.value() or 0.0) * (1 - 1e-9))
+
+
+def weighted_work_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int) -> float:
+    """A lower bound on `fluid_bound_s` without an LP solver: for any class weights v >= 0 with
+    sum_c N_c·v_c = 1, summing the capacity rows times v gives T >= M·sum_l min_c v_c·w[l, c]
+    (weak duality). Weights proportional to each class's speed (1 / its total work over the
+    layers it can run) make this the fluid bound itself when the classes' costs are proportional;
+    it is the search's frontier horizon (`frontier_table.Horizon`), where a slightly lower bound
+    costs little and an LP solver's import (0.1 s) would cost more."""
+    finite = np.isfinite(work)
+    if not np.all(finite.any(axis=1)):
+        return 0.0  # some layer runs nowhere
+    total = np.where(finite, work, 0.0).sum(axis=0)
+    speed = np.where(finite.any(axis=0) & (total > 0), 1.0 / np.where(total > 0, total, 1.0), 0.0)
+    scale = float(np.dot(gpus, speed))
+    if scale <= 0:
+        return 0.0
+    weighted = np.where(finite, work * (speed / scale)[None, :], np.inf)
+    return max(0.0, float(microbatches * weighted.min(axis=1).sum()) * (1 - FLUID_MARGIN))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costmodel.base import CostModel
+from planner.search.bounds import fluid_work, weighted_work_bound_s
 from planner.search.options import OptionContext, OptionCosting, pruned_options, shared_bases
 from planner.search.protos import (FrontierPart, Proto, StageTable, assemble, frontier_part, screens_of, stage_rows,
                                    stages_of)
@@ -30,7 +31,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton,
                                   skeleton_row)
-from solvers.frontier_table import batched_frontier_table
+from solvers.frontier_table import Horizon, batched_frontier_table
 from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 
@@ -278,7 +279,7 @@ class BlocksProvider(TailLevels, TailPlans):
         rows = [row for g, group_rows in self.rows.items() if all(views[bt] is not None for bt in g)
                 for row in group_rows]
         live = {bt: v for bt, v in views.items() if v is not None}
-        table = batched_frontier_table(live, rows[part::parts], budget)
+        table = batched_frontier_table(live, rows[part::parts], budget, self._horizon())
         screens = screens_of(table, budget.cut, batched_least_bottlenecks(live, budget.cut) if budget.cut else {})
         general: list[tuple[tuple[BlockType, ...], Split]] = []
         truncated = False  # a skeleton left without any split: only the fluid bound covers it
@@ -291,6 +292,16 @@ class BlocksProvider(TailLevels, TailPlans):
             general.extend((sk, split) for split in split_frontier([opts[bt] for bt in sk], with_tail=False))
         full_index = {bt: np.asarray(keep[bt], dtype=np.int64) for bt in keep}
         return frontier_part(table, general, self._code, full_index, truncated, screens, budget.hit, with_stages)
+
+    def _horizon(self) -> Horizon:
+        """Every plan's pipeline time is at least a work bound (`bounds.weighted_work_bound_s`):
+        the frontiers need only the splits some plan at such a time can gain from
+        (`frontier_table.Horizon`)."""
+        shapes = [(bt.cls, shape) for bt, shapes in self.shapes.items() for shape in shapes]
+        work = fluid_work(self.cost, self.model, self.training, self.classes, shapes, self.micro_batch)
+        gpus = np.array([rc.gpus for rc in self.classes], dtype=float)
+        microbatches = self.training.global_batch // self.micro_batch
+        return Horizon(weighted_work_bound_s(work, gpus, microbatches), microbatches)
 
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
