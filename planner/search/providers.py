@@ -104,6 +104,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
         self._tails: dict[tuple[int, int], dict[BlockType, StageOptions]] = {}  # see _tail_options
         self._costing: dict[BlockType, OptionCosting] | None = None  # see _options
+        self._horizon_at: Horizon | None = None  # see _horizon
 
     @property
     def rows(self) -> dict[tuple[BlockType, ...], list[Row]]:
@@ -296,12 +297,15 @@ class BlocksProvider(TailLevels, TailPlans):
     def _horizon(self) -> Horizon:
         """Every plan's pipeline time is at least a work bound (`bounds.weighted_work_bound_s`):
         the frontiers need only the splits some plan at such a time can gain from
-        (`frontier_table.Horizon`)."""
+        (`frontier_table.Horizon`). Computed once."""
+        if self._horizon_at is not None:
+            return self._horizon_at
         shapes = [(bt.cls, shape) for bt, shapes in self.shapes.items() for shape in shapes]
         work = fluid_work(self.cost, self.model, self.training, self.classes, shapes, self.micro_batch)
         gpus = np.array([rc.gpus for rc in self.classes], dtype=float)
         microbatches = self.training.global_batch // self.micro_batch
-        return Horizon(weighted_work_bound_s(work, gpus, microbatches), microbatches)
+        self._horizon_at = Horizon(weighted_work_bound_s(work, gpus, microbatches), microbatches)
+        return self._horizon_at
 
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
