@@ -86,3 +86,26 @@ def test_the_polish_beside_the_engine_candidates_gives_the_same_answer(monkeypat
     assert found[1][2]["units_polished"] > 0 and found[1][2]["chain_added"] == 0
     assert found[1][3] == [["engine", "engine"], ["polish"]]  # in turn: the engines, then the polish
     assert found[2][3] == [["engine", "engine", "polish"]]  # beside them, and not run again
+
+
+def test_a_time_limited_answer_is_never_slower_than_the_best_megatron_grid() -> None:
+    """Past the time limit the Megatron grid still runs, with the best plan as its cutoff
+    (`candidates.FLOOR_ENGINES`). Cut short after its first units, the search had returned 1.0503 s
+    per step on this pool (24 layers on 8 A100 + 4 H100 + 4 V100), where the best grid runs
+    0.6861 s; it still says the limit cut it short, and the bound still holds."""
+    from planner.search.api import micro_batch_sizes
+    from planner.search.megatron_grid import best_megatron_plan
+    from planner.specs import ModelSpec
+
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
+                                 NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="V100-SXM2-32GB", nodes=1, gpus_per_node=4)])
+    model = ModelSpec(name="floor-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
+                      vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
+    training = TrainingSpec(global_batch=64, seq_len=2048)
+    grid = best_megatron_plan(model, cluster, training, COST, micro_batch_sizes(training))
+    assert grid is not None
+    for workers in (1, 2):
+        res = search(model, cluster, training, cost=COST, time_limit=1e-6, workers=workers)
+        assert res.timed_out
+        assert res.lower_bound_s <= res.prediction.step_s <= grid[1].step_s

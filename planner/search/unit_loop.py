@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.search.candidates import add_if_faster
+from planner.search.candidates import FLOOR_ENGINES, add_if_faster
 from planner.search.parallel import UNIT_BATCH, UnitPool
 from planner.search.units import SolvedUnit, Unit, UnitContext, skip_units
 
@@ -200,15 +200,20 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     since their last polish (`SolvedUnit.polish_due`). `polish` is `finish`'s mode. On
     `chain_check.py --seed 28` pool 9 (GPT-Neo 2.7B on 24 H100 + 24 A10) the polish found its
     0.76655 s plan before refinement instead of a 0.76728 s one after: 42 units refined instead of
-    72, 45 s instead of 80 s. Returns whether the deadline cut something short, and the seconds
-    each engine candidate took."""
+    72, 45 s instead of 80 s. Past the deadline only the floor engine candidates run
+    (`candidates.FLOOR_ENGINES`: the Megatron grid, so that a time-limited answer is not slower
+    than the best grid either; with the best plan as its cutoff it costs 0.3-1.6 s past the limit
+    on the 64-16,384 GPU ladder pools). Returns whether the deadline cut something short, and
+    the seconds each engine candidate took."""
     def past() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
-    # engine candidates the deadline leaves out count as work it cut short
-    timed_out = bool(early) and past()
+    # engine candidates the deadline leaves out count as work it cut short; the floor ones run
+    # anyway, last
+    skipped = bool(early) and past()
+    timed_out = skipped
     seconds: dict[str, float] = {}
-    if early and not timed_out:
+    if early and not skipped:
         if pool.parallel and polish is not None:
             # beside them, the polish batch `finish` would take next if they find nothing faster
             # (then the polish below takes its outs instead of running it again; the same answer)
@@ -220,9 +225,13 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
         if polish is not None and gap_missed(ctx, target):
             timed_out = finish(ctx, target, deadline, pool, sizes, polish, [])[0] or timed_out
         timed_out = refine(ctx, target, deadline, pool) or timed_out
-    engines = [] if early else late(target is not None and gap_missed(ctx, target))
+    if early:
+        engines = [e for e in early if e in FLOOR_ENGINES] if skipped else []
+    else:
+        engines = late(target is not None and gap_missed(ctx, target))
     if engines and past():
-        engines, timed_out = [], True
+        timed_out = timed_out or any(e not in FLOOR_ENGINES for e in engines)
+        engines = [e for e in engines if e in FLOOR_ENGINES]
     cut, more = finish(ctx, target or 0.0, deadline, pool, sizes, polish, engines)
     seconds.update(more)
     return cut or timed_out, seconds
