@@ -446,7 +446,9 @@ def test_a_deadline_that_stops_refinement_or_polish_is_reported() -> None:
 def test_a_deadline_that_leaves_out_engine_candidates_or_a_polish_is_reported() -> None:
     """Engine candidates skipped because the deadline passed, and a polish that starts past it, count
     as work the time limit cut short (an 8-GPU ladder search with a 0.95 s limit returned a 0.11 %
-    slower plan than without a limit, its polish cut short, and said it had not timed out)."""
+    slower plan than without a limit, its polish cut short, and said it had not timed out). The
+    Megatron grid, the floor, still runs past the deadline (`candidates.FLOOR_ENGINES`), early or
+    late, and alone is nothing cut short."""
     from types import SimpleNamespace
 
     from planner.search.unit_loop import close_gap
@@ -459,10 +461,24 @@ def test_a_deadline_that_leaves_out_engine_candidates_or_a_polish_is_reported() 
         ctx.candidates.append(Candidate(1.0, None, SimpleNamespace(tail_s=0.0), 1))
         return ctx
 
-    # pool=None: nothing may run once the deadline (0.0) has passed
-    for early, late in ((["megatron_grid", "chain"], []), ([], ["megatron_grid"])):
-        cut, seconds = close_gap(context(), None, [1], None, None, early, lambda gap_open: late, 0.0)
-        assert cut is True and seconds == {}
+    class Pool:  # records what runs; the deadline (0.0) has passed
+        parallel = False
+
+        def __init__(self) -> None:
+            self.ran: list[list[str]] = []
+
+        def finish(self, sus: list, engines: list[str], sizes: list[int], deadline: float | None) -> tuple:
+            assert not sus  # no polish past the deadline
+            self.ran.append(list(engines))
+            return [(None, 0.25) for _ in engines], False
+
+    for early, late, cut_short in ((["megatron_grid", "chain"], [], True), ([], ["megatron_grid", "chain"], True),
+                                   ([], ["megatron_grid"], False)):
+        pool = Pool()
+        cut, seconds = close_gap(context(), pool, [1], None, None, early, lambda gap_open: late, 0.0)
+        assert pool.ran == [["megatron_grid"]] and seconds == {"megatron_grid": 0.25}
+        assert cut is cut_short
+    # pool=None: nothing may run
     assert close_gap(context(), None, [1], None, None, [], lambda gap_open: [], 0.0) == (False, {})
     provider = SimpleNamespace(tail_plan_templates=None)
     su = SolvedUnit(0.9, Unit(1, provider, 1, 1, 8), [])
