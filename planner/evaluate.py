@@ -13,7 +13,7 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel, DeviceClass, LayerTable, Shard, device_class_of
 from planner.costmodel.knobs import Knobs
 from planner.costmodel.shapes import model_flops_per_sequence
-from planner.errors import InfeasibleError
+from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction, Stage, StagePrediction, expand_devices
 from planner.specs.cluster import ClusterSpec
 
@@ -27,9 +27,17 @@ class StageCost:
     last: int
 
 
-def stage_device_class(cluster: ClusterSpec, stage: Stage) -> DeviceClass:
-    node_name, _ = expand_devices(stage.devices)[0]
-    return device_class_of(cluster.nodes[cluster.node(node_name).group])
+def stage_device_class(cluster: ClusterSpec, stage: Stage, by_group: dict[int, DeviceClass] | None = None
+                       ) -> DeviceClass:
+    """The device class of the node group the stage's first device is on (`by_group`: the classes
+    found so far, by node group)."""
+    node_name, _ = expand_devices(stage.devices[:1])[0]
+    group = cluster.node(node_name).group
+    if by_group is None:
+        return device_class_of(cluster.nodes[group])
+    if group not in by_group:
+        by_group[group] = device_class_of(cluster.nodes[group])
+    return by_group[group]
 
 
 def stage_shard(plan: Plan, stage: Stage) -> Shard:
@@ -39,18 +47,15 @@ def stage_shard(plan: Plan, stage: Stage) -> Shard:
 
 def stage_costs(plan: Plan, cluster: ClusterSpec, cost: CostModel) -> list[list[StageCost]]:
     """Per pipeline and stage, its device class, layer table and prefix sums. A plan for thousands
-    of GPUs repeats a few stages hundreds of times: the class is looked up once per first device
-    entry (a stage lies on one node class) and the sums once per table."""
+    of GPUs repeats a few stages hundreds of times on as many nodes: the class is built once per
+    node group (a stage lies on one node class) and the sums once per table."""
     out = []
-    devs: dict[str, DeviceClass] = {}
+    devs: dict[int, DeviceClass] = {}
     sums: dict[int, tuple[LayerTable, st.StageSums]] = {}  # by table identity; the table is kept alive
     for pipe in plan.pipelines:
         row = []
         for stage in pipe.stages:
-            head = stage.devices[0]
-            if head not in devs:
-                devs[head] = stage_device_class(cluster, stage)
-            dev = devs[head]
+            dev = stage_device_class(cluster, stage, devs)
             table = cost.layer_table(dev, stage_shard(plan, stage), plan.model, plan.training)
             if id(table) not in sums:
                 sums[id(table)] = (table, st.StageSums.of(table))
@@ -98,10 +103,10 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
              check: bool = True) -> Prediction:
     """Score a plan. With `check`, an invalid plan (memory included) raises instead of being scored."""
     cost = cost or AnalyticCostModel()
-    if check:
-        from planner.validate import validate
+    if check:  # every rule but memory here; memory below, from the numbers the score needs anyway
+        from planner.validate import memory_violation, validate
 
-        validate(plan, cluster, cost)
+        validate(plan, cluster)
     knobs = cost.knobs
     replicas = len(plan.pipelines)
     single = cluster.single_node
@@ -118,6 +123,11 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
             if key not in seen:
                 seen[key] = _stage_numbers(plan, stage, sc, si, n, pipe.microbatches, replicas, knobs, single)
             f, b, sync_s, opt_s, mem, flags = seen[key]
+            capacity = st.memory_capacity_bytes(knobs, sc.dev)
+            if check:
+                broken = memory_violation(pi, si, stage.gpu, mem, capacity)
+                if broken is not None:
+                    raise HetplanError(broken.where, f"{broken.reason} [{broken.rule}]")
             measured = all(flags)
             measured_by_gpu.setdefault(stage.gpu, set()).update(flags)
             fwd.append(f)
@@ -126,7 +136,7 @@ def evaluate(plan: Plan, cluster: ClusterSpec, cost: CostModel | None = None, *,
             opt.append(opt_s)
             per_stage.append(StagePrediction(
                 pipeline=pi, stage=si, gpu=stage.gpu, fwd_s=f, bwd_s=b, memory_bytes=int(mem),
-                memory_capacity_bytes=st.memory_capacity_bytes(knobs, sc.dev), grad_sync_s=sync_s,
+                memory_capacity_bytes=capacity, grad_sync_s=sync_s,
                 measured=measured))
         t = st.pipeline_time_s(plan.schedule, fwd, bwd, pipe.microbatches)
         pipe_times.append(t)

@@ -116,10 +116,19 @@ def violations(plan: Plan, cluster: ClusterSpec, cost: object | None = None) -> 
         from planner.evaluate import stage_memory_report
 
         for pi, si, gpu, need, cap in stage_memory_report(plan, cluster, cost):
-            if need > cap:
-                out.append(Violation("memory", f"pipelines[{pi}].stages[{si}]",
-                                     f"needs {need / 2**30:.2f} GiB per {gpu}, {cap / 2**30:.2f} GiB usable"))
+            broken = memory_violation(pi, si, gpu, need, cap)
+            if broken is not None:
+                out.append(broken)
     return out
+
+
+def memory_violation(pi: int, si: int, gpu: str, need: float, cap: float) -> Violation | None:
+    """The memory rule for stage `si` of pipeline `pi` (`evaluate` checks it too, on the numbers it
+    scores with, instead of costing every stage twice)."""
+    if need <= cap:
+        return None
+    return Violation("memory", f"pipelines[{pi}].stages[{si}]",
+                     f"needs {need / 2**30:.2f} GiB per {gpu}, {cap / 2**30:.2f} GiB usable")
 
 
 def validate(plan: Plan, cluster: ClusterSpec, cost: object | None = None) -> None:

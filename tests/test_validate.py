@@ -190,3 +190,17 @@ def test_example_plan_conforms_to_the_schema_required_fields() -> None:
     plan = json.loads((REPO / "examples" / "plan_tiny.json").read_text(encoding="utf-8"))
     assert set(schema["required"]) <= set(plan)
     assert set(plan) <= set(schema["properties"])
+
+
+def test_evaluate_raises_the_validators_first_memory_violation() -> None:
+    """`evaluate` checks memory on the numbers it scores with (not by costing every stage twice):
+    the same first violation, word for word, as `validate` with the cost model."""
+    from planner.evaluate import evaluate
+
+    plan = broken(set_model(hidden=16384, ffn_hidden=65536))
+    cost = AnalyticCostModel()
+    with pytest.raises(HetplanError) as want:
+        validate(plan, CLUSTER, cost)
+    with pytest.raises(HetplanError) as got:
+        evaluate(plan, CLUSTER, cost)
+    assert str(got.value) == str(want.value) and "[memory]" in str(got.value)
