@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from solvers.partition import Split
+from solvers.horizon import Horizon
+from solvers.partition import Split, pareto_ac
 from solvers.two_runs import Point
 from solvers.uniform_layers import (INF, Budget, Kind, UniformView, _conv, _minmax_conv, _scan_width,
                                     parametric_frontiers)
@@ -369,11 +370,13 @@ def _capped(table: _TailCappedLeast, flight: int, types: np.ndarray, levels: np.
 
 
 def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
-                          ecaps: list[float]) -> dict[int, list[tuple[float, float]]]:
+                          ecaps: list[float], horizon: Horizon | None = None) -> dict[int, list[tuple[float, float]]]:
     """For each row i (as in `batched_frontiers`) and its tail cap `ecaps[i]`, every non-dominated
     (A, C) of the splits whose every stage tail is <= the cap, keyed by i (rows without such a
     split left out). Equals `uniform_layers.tail_capped_frontiers` and
-    `two_runs.tail_capped_chain_frontiers` row by row; all rows advance in one parametric sweep."""
+    `two_runs.tail_capped_chain_frontiers` row by row; all rows advance in one parametric sweep.
+    With a `horizon`, only the points it needs (each row under its own tail cap: its least C is a
+    (min, max) DP over the capped tables, `_capped_least_c`)."""
     keys = list(views)
     n = views[keys[0]].n if keys else 0
     live = [i for i, r in enumerate(rows) if _is_live(r, n)]
@@ -431,5 +434,69 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
                     out[int(order[b])] = Point(ai, ci)
         return out
 
-    found = parametric_frontiers(lambda ids, caps: solve(list(ids), caps), live)
+    if horizon is None:
+        found = parametric_frontiers(lambda ids, caps: solve(list(ids), caps), live)
+    else:
+        def least_c(ids: list[int]) -> np.ndarray:
+            return _capped_least_c(codes, row_code[ids], e_code[ids], (first, mid, last, whole))
+
+        found = _horizon_frontiers(solve, least_c, live, horizon)
     return {i: [(p.a_s, p.c_s) for p in pts] for i, pts in found.items()}
+
+
+def _capped_least_c(codes: RowCodes, code: np.ndarray, level: np.ndarray,
+                    tables: tuple[_TailCappedLeast, ...]) -> np.ndarray:
+    """Least largest stage F+B of each (row `code`, tail cap `level`) over its memory-feasible
+    splits within the cap: the (min, max) DP of `_coded_min_max` over (tail cap, type) pairs."""
+    n_types = len(tables[0].kinds)
+    ext = RowCodes(list(range(len(code))), codes.total[code], codes.rev[code] + n_types * level[:, None])
+    flights = int(ext.total.max())
+    stacked: dict[str, np.ndarray] = {}
+
+    def table(kind: str, f: int) -> np.ndarray:
+        if kind not in stacked:
+            t = tables[("first", "mid", "last", "whole").index(kind)]
+            by_flight = np.stack([t.at(max(x, 1)) for x in range(f + 1)])  # (F + 1, T, E, D); flight 0 unused
+            stacked[kind] = by_flight.transpose(0, 2, 1, 3).reshape(f + 1, -1, by_flight.shape[-1])
+        return stacked[kind]
+
+    return _coded_min_max(ext, table, flights)
+
+
+def _horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None]],
+                       least_c: Callable[[list[int]], np.ndarray], rows: list[int],
+                       horizon: Horizon) -> dict[int, list[Point]]:
+    """`parametric_frontiers` with a horizon (`frontier_table.batched_frontier_table`'s sweep, for
+    points): round 0 (least A), each row's least C and the least A there, then each row from the
+    horizon's top cap (or just below its round-0 point) down to its least C."""
+    first = solve(rows, np.full(len(rows), INF))
+    live = [r for r, p in zip(rows, first) if p is not None]
+    found: dict[int, list[Point]] = {r: [p] for r, p in zip(rows, first) if p is not None}
+    if not live:
+        return {}
+    c_min = least_c(live)
+    at_min = solve(live, c_min)
+    a0 = np.array([found[r][0].a_s for r in live])
+    c0 = np.array([found[r][0].c_s for r in live])
+    a_min = np.array([INF if p is None else p.a_s for p in at_min])
+    top = horizon.top_caps(a0, c_min, a_min)
+    for r, needed in zip(live, (top >= c0).tolist()):
+        if not needed:
+            found[r] = []  # the least-A point: above the top cap
+    floor = np.where(np.isfinite(a_min), c_min, -INF)
+    caps = np.minimum(np.nextafter(c0, -INF), top)
+    keep = caps >= floor
+    live, caps, floor = [r for r, k in zip(live, keep) if k], caps[keep], floor[keep]
+    while live:
+        sols = solve(live, caps)
+        nxt, nxt_caps, nxt_floor = [], [], []
+        for row, sol, lo in zip(live, sols, floor.tolist()):
+            if sol is None:
+                continue
+            found[row].append(sol)
+            if sol.c_s > lo:
+                nxt.append(row)
+                nxt_caps.append(float(np.nextafter(sol.c_s, -INF)))
+                nxt_floor.append(lo)
+        live, caps, floor = nxt, np.array(nxt_caps), np.array(nxt_floor)
+    return {r: pareto_ac(v) for r, v in found.items() if v}

@@ -194,3 +194,35 @@ def test_a_cut_frontier_and_its_screen_bound_every_split(seed: int) -> None:
         for p in points:
             assert any(a <= p.a_s * (1 + 1e-12) and c <= p.c_s * (1 + 1e-12) for a, c in kept), (row, p)
     assert any(len(full[r]) > 1 for r in budget.cut)  # the screen stands for points really left out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_capped_points_with_a_horizon_hold_what_every_later_pipeline_time_needs(seed: int) -> None:
+    """Under tail caps with a horizon (t_lo, M): each (row, cap) keeps some of its points, its
+    least-C one among them, and at t_lo and at every later time where some point's count of
+    microbatches steps up it holds what all its points hold; fewer points in all."""
+    from solvers.batched_runs import batched_capped_points
+    from solvers.horizon import Horizon
+
+    n, opts, views, rows = _instance(seed)
+    rows = rows + _three_run_rows(views, n)
+    rng = np.random.default_rng(seed)
+    tails = sorted({float(t) for o in opts.values() for t in o.tail[np.isfinite(o.fb)]})
+    levels = sorted(float(x) for x in rng.choice(tails, size=3)) + [math.inf]
+    capped_rows = [r for r in rows for _ in levels]
+    ecaps = [e for _ in rows for e in levels]
+    full = batched_capped_points(views, capped_rows, ecaps)
+    a_all = sorted(a for pts in full.values() for a, _ in pts)
+    dropped = 0
+    for t_lo, m in ((a_all[len(a_all) // 2], 8), (2 * a_all[-1], 64), (a_all[0], 3), (1.5 * a_all[-1], 2)):
+        got = batched_capped_points(views, capped_rows, ecaps, Horizon(t_lo, m))
+        assert got.keys() == full.keys()
+        for i, pts in full.items():
+            assert set(got[i]) <= set(pts) and min(c for _, c in got[i]) == min(c for _, c in pts)
+            steps = {t_lo} | {a + k * c for a, c in pts for k in range(m) if a + k * c >= t_lo}
+            for t in steps:
+                held = [0 if t + 1e-15 < a else min(m, math.floor((t - a) / c + 1e-12) + 1) for a, c in got[i]]
+                want = [0 if t + 1e-15 < a else min(m, math.floor((t - a) / c + 1e-12) + 1) for a, c in pts]
+                assert max(held) == max(want), (i, t)
+            dropped += len(pts) - len(got[i])
+    assert dropped > 0

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from solvers.batched_runs import batched_frontiers
-from solvers.frontier_table import Horizon, batched_frontier_table
+from solvers.frontier_table import batched_frontier_table
+from solvers.horizon import Horizon
 from solvers.uniform_layers import Budget
 from tests.test_batched_runs import _instance
 

@@ -31,7 +31,8 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton,
                                   skeleton_row)
-from solvers.frontier_table import Horizon, batched_frontier_table
+from solvers.frontier_table import batched_frontier_table
+from solvers.horizon import Horizon
 from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
 from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 

@@ -162,7 +162,7 @@ class TailLevels:
                     ecaps.append(e)
                     where.append((g, row_skeleton(row), j))
         live = {bt: v for bt, v in views.items() if v is not None}
-        for i, points in batched_capped_points(live, rows, ecaps).items() if rows else ():
+        for i, points in batched_capped_points(live, rows, ecaps, self._horizon()).items() if rows else ():
             g, sk, j = where[i]
             out[g][2][(sk, j)] = points
         return out
