@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from solvers.horizon import Horizon
-from solvers.partition import Split, pareto_ac
+from solvers.horizon import Horizon, horizon_frontiers
+from solvers.partition import Split
 from solvers.two_runs import Point
 from solvers.uniform_layers import (INF, Budget, Kind, UniformView, _conv, _minmax_conv, _scan_width,
                                     parametric_frontiers)
@@ -440,7 +440,7 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
         def least_c(ids: list[int]) -> np.ndarray:
             return _capped_least_c(codes, row_code[ids], e_code[ids], (first, mid, last, whole))
 
-        found = _horizon_frontiers(solve, least_c, live, horizon)
+        found = horizon_frontiers(solve, least_c, live, horizon)
     return {i: [(p.a_s, p.c_s) for p in pts] for i, pts in found.items()}
 
 
@@ -461,42 +461,3 @@ def _capped_least_c(codes: RowCodes, code: np.ndarray, level: np.ndarray,
         return stacked[kind]
 
     return _coded_min_max(ext, table, flights)
-
-
-def _horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None]],
-                       least_c: Callable[[list[int]], np.ndarray], rows: list[int],
-                       horizon: Horizon) -> dict[int, list[Point]]:
-    """`parametric_frontiers` with a horizon (`frontier_table.batched_frontier_table`'s sweep, for
-    points): round 0 (least A), each row's least C and the least A there, then each row from the
-    horizon's top cap (or just below its round-0 point) down to its least C."""
-    first = solve(rows, np.full(len(rows), INF))
-    live = [r for r, p in zip(rows, first) if p is not None]
-    found: dict[int, list[Point]] = {r: [p] for r, p in zip(rows, first) if p is not None}
-    if not live:
-        return {}
-    c_min = least_c(live)
-    at_min = solve(live, c_min)
-    a0 = np.array([found[r][0].a_s for r in live])
-    c0 = np.array([found[r][0].c_s for r in live])
-    a_min = np.array([INF if p is None else p.a_s for p in at_min])
-    top = horizon.top_caps(a0, c_min, a_min)
-    for r, needed in zip(live, (top >= c0).tolist()):
-        if not needed:
-            found[r] = []  # the least-A point: above the top cap
-    floor = np.where(np.isfinite(a_min), c_min, -INF)
-    caps = np.minimum(np.nextafter(c0, -INF), top)
-    keep = caps >= floor
-    live, caps, floor = [r for r, k in zip(live, keep) if k], caps[keep], floor[keep]
-    while live:
-        sols = solve(live, caps)
-        nxt, nxt_caps, nxt_floor = [], [], []
-        for row, sol, lo in zip(live, sols, floor.tolist()):
-            if sol is None:
-                continue
-            found[row].append(sol)
-            if sol.c_s > lo:
-                nxt.append(row)
-                nxt_caps.append(float(np.nextafter(sol.c_s, -INF)))
-                nxt_floor.append(lo)
-        live, caps, floor = nxt, np.array(nxt_caps), np.array(nxt_floor)
-    return {r: pareto_ac(v) for r, v in found.items() if v}

@@ -1,13 +1,17 @@
 """The frontier horizon: which splits a parametric frontier sweep can leave out, given a lower
-bound on every plan's pipeline time (`frontier_table.batched_frontier_table`,
+bound on every plan's pipeline time (`Horizon`, used by `frontier_table.batched_frontier_table`),
+and the sweep of (A, C) points with one (`horizon_frontiers`, used by
 `batched_runs.batched_capped_points`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from solvers.partition import pareto_ac
+from solvers.two_runs import Point
 from solvers.uniform_layers import INF
 
 
@@ -38,3 +42,43 @@ class Horizon:
             top = c_min * (self.t_lo - a0) / (self.t_lo - a_min) * (1 + 1e-9)
         top = np.where(self.t_lo > a_min, top, INF)
         return np.where(held >= self.microbatches, c_min, top)
+
+
+def horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None]],
+                      least_c: Callable[[list[int]], np.ndarray], rows: list[int],
+                      horizon: Horizon) -> dict[int, list[Point]]:
+    """`uniform_layers.parametric_frontiers` with a horizon, for (A, C) points (as
+    `frontier_table.batched_frontier_table` sweeps splits): round 0 (least A), each row's least C
+    (`least_c`) and the least A there, then each row from the horizon's top cap (or just below its
+    round-0 point, which stays when the cap is above it) down to its least C."""
+    first = solve(rows, np.full(len(rows), INF))
+    live = [r for r, p in zip(rows, first) if p is not None]
+    found: dict[int, list[Point]] = {r: [p] for r, p in zip(rows, first) if p is not None}
+    if not live:
+        return {}
+    c_min = least_c(live)
+    at_min = solve(live, c_min)
+    a0 = np.array([found[r][0].a_s for r in live])
+    c0 = np.array([found[r][0].c_s for r in live])
+    a_min = np.array([INF if p is None else p.a_s for p in at_min])
+    top = horizon.top_caps(a0, c_min, a_min)
+    for r, needed in zip(live, (top >= c0).tolist()):
+        if not needed:
+            found[r] = []  # the least-A point: above the top cap
+    floor = np.where(np.isfinite(a_min), c_min, -INF)
+    caps = np.minimum(np.nextafter(c0, -INF), top)
+    keep = caps >= floor
+    live, caps, floor = [r for r, k in zip(live, keep) if k], caps[keep], floor[keep]
+    while live:
+        sols = solve(live, caps)
+        nxt, nxt_caps, nxt_floor = [], [], []
+        for row, sol, lo in zip(live, sols, floor.tolist()):
+            if sol is None:
+                continue
+            found[row].append(sol)
+            if sol.c_s > lo:
+                nxt.append(row)
+                nxt_caps.append(float(np.nextafter(sol.c_s, -INF)))
+                nxt_floor.append(lo)
+        live, caps, floor = nxt, np.array(nxt_caps), np.array(nxt_floor)
+    return {r: pareto_ac(v) for r, v in found.items() if v}
