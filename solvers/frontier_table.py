@@ -52,6 +52,9 @@ class FrontierTable:
         return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
 
+_Found = tuple[np.ndarray, int, np.ndarray, np.ndarray, SplitColumns]  # rows, round, A, C, splits
+
+
 def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
                            budget: Budget | None = None, horizon: Horizon | None = None) -> FrontierTable:
     """`batched_frontiers(views, rows, budget)` as a `FrontierTable` (the same rows, splits and
@@ -95,9 +98,6 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
     if not found:
         return FrontierTable.empty(keys)
     return _gather(keys, codes, order, found)
-
-
-_Found = tuple[np.ndarray, int, np.ndarray, np.ndarray, SplitColumns]  # rows, round, A, C, splits
 
 
 def _start_below(horizon: Horizon, batch: _Batch, codes: RowCodes, live: np.ndarray, first: list[_Found],

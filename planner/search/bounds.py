@@ -1,6 +1,6 @@
 """A cheap lower bound on the pipeline time that holds for every plan: used when a time limit stops
 the search before every (microbatch size, replica count) has been solved, and to leave out of the
-split frontiers the splits no plan at such a time gains from (`frontier_table.Horizon`).
+split frontiers the splits no plan at such a time gains from (`solvers.horizon.Horizon`).
 
 Fluid bound: every layer must run M·b sequences forward and backward somewhere; a GPU of class c
 spends at least w[l, c] GPU-seconds per microbatch of layer l (its best shape, times the shape's GPU
@@ -61,7 +61,7 @@ def weighted_work_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int)
     sum_c N_c·v_c = 1, summing the capacity rows times v gives T >= M·sum_l min_c v_c·w[l, c]
     (weak duality). Weights proportional to each class's speed (1 / its total work over the
     layers it can run) make this the fluid bound itself when the classes' costs are proportional;
-    it is the search's frontier horizon (`frontier_table.Horizon`), where a slightly lower bound
+    it is the search's frontier horizon (`solvers.horizon.Horizon`), where a slightly lower bound
     costs little and an LP solver's import (0.1 s) would cost more."""
     finite = np.isfinite(work)
     if not np.all(finite.any(axis=1)):

@@ -297,8 +297,8 @@ class BlocksProvider(TailLevels, TailPlans):
 
     def _horizon(self) -> Horizon:
         """Every plan's pipeline time is at least a work bound (`bounds.weighted_work_bound_s`):
-        the frontiers need only the splits some plan at such a time can gain from
-        (`frontier_table.Horizon`). Computed once."""
+        the split frontiers, and refinement's tail-capped level frontiers, need only the splits
+        some plan at such a time can gain from (`solvers.horizon.Horizon`). Computed once."""
         if self._horizon_at is not None:
             return self._horizon_at
         shapes = [(bt.cls, shape) for bt, shapes in self.shapes.items() for shape in shapes]
