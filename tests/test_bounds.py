@@ -36,7 +36,7 @@ def test_a_layer_that_runs_nowhere_gives_no_bound() -> None:
 
 
 def test_every_plan_the_search_returns_takes_at_least_the_weighted_bound() -> None:
-    """The frontiers' horizon (`frontier_table.Horizon`) is this bound on a plan's pipeline time:
+    """The frontiers' horizon (`solvers.horizon.Horizon`) is this bound on a plan's pipeline time:
     the plan a search returns (and each alternative) runs no pipeline time below it."""
     cost = AnalyticCostModel()
     model = ModelSpec(name="bound-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
