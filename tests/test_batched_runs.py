@@ -86,6 +86,14 @@ def test_batched_min_max_tails_equal_per_group(seed: int) -> None:
     assert all(got[r] == want[r] for r in want), [r for r in want if got[r] != want[r]][:3]
 
 
+def _capped_rows(seed: int, opts: dict, rows: list) -> tuple[list[float], list, list[float]]:
+    """Three tail caps drawn from the options' tails (and none), and every row under each."""
+    rng = np.random.default_rng(seed)
+    tails = sorted({float(t) for o in opts.values() for t in o.tail[np.isfinite(o.fb)]})
+    levels = sorted(float(x) for x in rng.choice(tails, size=3)) + [math.inf]
+    return levels, [r for r in rows for _ in levels], [e for _ in rows for e in levels]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_batched_capped_points_equal_per_group(seed: int) -> None:
     """Under tail caps: the same (A, C) points as the per-group tail-capped sweeps."""
@@ -94,11 +102,7 @@ def test_batched_capped_points_equal_per_group(seed: int) -> None:
     from solvers.uniform_layers import tail_capped_frontiers
 
     n, opts, views, rows = _instance(seed)
-    rng = np.random.default_rng(seed)
-    tails = sorted({float(t) for o in opts.values() for t in o.tail[np.isfinite(o.fb)]})
-    levels = sorted(float(x) for x in rng.choice(tails, size=3)) + [math.inf]
-    capped_rows = [r for r in rows for _ in levels]
-    ecaps = [e for _ in rows for e in levels]
+    levels, capped_rows, ecaps = _capped_rows(seed, opts, rows)
     got = batched_capped_points(views, capped_rows, ecaps)
     want: dict = {}
     for x, view in views.items():
@@ -205,12 +209,7 @@ def test_capped_points_with_a_horizon_hold_what_every_later_pipeline_time_needs(
     from solvers.horizon import Horizon
 
     n, opts, views, rows = _instance(seed)
-    rows = rows + _three_run_rows(views, n)
-    rng = np.random.default_rng(seed)
-    tails = sorted({float(t) for o in opts.values() for t in o.tail[np.isfinite(o.fb)]})
-    levels = sorted(float(x) for x in rng.choice(tails, size=3)) + [math.inf]
-    capped_rows = [r for r in rows for _ in levels]
-    ecaps = [e for _ in rows for e in levels]
+    _, capped_rows, ecaps = _capped_rows(seed, opts, rows + _three_run_rows(views, n))
     full = batched_capped_points(views, capped_rows, ecaps)
     a_all = sorted(a for pts in full.values() for a, _ in pts)
     dropped = 0

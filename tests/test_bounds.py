@@ -10,7 +10,6 @@ from planner.search import search
 from planner.search.api import _costable
 from planner.search.bounds import fluid_bound_s, fluid_work, weighted_work_bound_s
 from planner.search.space import resource_classes, stage_shapes
-from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -38,13 +37,11 @@ def test_a_layer_that_runs_nowhere_gives_no_bound() -> None:
 def test_every_plan_the_search_returns_takes_at_least_the_weighted_bound() -> None:
     """The frontiers' horizon (`solvers.horizon.Horizon`) is this bound on a plan's pipeline time:
     the plan a search returns (and each alternative) runs no pipeline time below it."""
+    from tests.test_search_refine import BIG_CLUSTER as cluster
+    from tests.test_search_refine import BIG_MODEL as model
+    from tests.test_search_refine import BIG_TRAINING as training
+
     cost = AnalyticCostModel()
-    model = ModelSpec(name="bound-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
-                      vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
-    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
-                                 NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
-                                 NodeGroup(gpu="V100-SXM2-32GB", nodes=1, gpus_per_node=4)])
-    training = TrainingSpec(global_batch=64, seq_len=2048)
     classes = resource_classes(cluster)
     result = search(model, cluster, training, cost=cost, top_k=5)
     for plan in [result.plan, *result.alternatives]:

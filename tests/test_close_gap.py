@@ -95,14 +95,10 @@ def test_a_time_limited_answer_is_never_slower_than_the_best_megatron_grid() -> 
     0.6861 s; it still says the limit cut it short, and the bound still holds."""
     from planner.search.api import micro_batch_sizes
     from planner.search.megatron_grid import best_megatron_plan
-    from planner.specs import ModelSpec
+    from tests.test_search_refine import BIG_CLUSTER as cluster
+    from tests.test_search_refine import BIG_MODEL as model
+    from tests.test_search_refine import BIG_TRAINING as training
 
-    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=4),
-                                 NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
-                                 NodeGroup(gpu="V100-SXM2-32GB", nodes=1, gpus_per_node=4)])
-    model = ModelSpec(name="floor-24", num_layers=24, hidden=2048, ffn_hidden=8192, num_heads=16, num_kv_heads=16,
-                      vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
-    training = TrainingSpec(global_batch=64, seq_len=2048)
     grid = best_megatron_plan(model, cluster, training, COST, micro_batch_sizes(training))
     assert grid is not None
     for workers in (1, 2):
