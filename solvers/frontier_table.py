@@ -102,9 +102,9 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
 
 def _start_below(horizon: Horizon, batch: _Batch, codes: RowCodes, live: np.ndarray, first: list[_Found],
                  caps: np.ndarray, floor: np.ndarray, keep0: np.ndarray) -> np.ndarray:
-    """After round 0: each row's least C (`floor`, where its sweep ends) and the cap its sweep
-    goes on from (`caps`): just below its least-A split's C where `horizon` needs that split,
-    else (`keep0` False: the split goes) the horizon's top C. The rows whose sweep goes on."""
+    """After round 0: each row's least C (`floor`, where its sweep ends), the cap its sweep goes
+    on from (`caps`) and whether its least-A split stays (`keep0`), by `Horizon.sweep_start`. The
+    rows whose sweep goes on."""
     a0, c0 = np.full(len(codes.live), INF), np.full(len(codes.live), INF)
     for ids, _, a, c, _ in first:
         a0[ids], c0[ids] = a, c
@@ -112,11 +112,8 @@ def _start_below(horizon: Horizon, batch: _Batch, codes: RowCodes, live: np.ndar
     a_min = np.full(len(codes.live), INF)
     for g in batch.solve_columns(codes, live, c_min[live]):
         a_min[live[g.at]] = g.fb.sum(axis=1)
-    top = horizon.top_caps(a0[live], c_min[live], a_min[live])
-    floor[live] = np.where(np.isfinite(a_min[live]), c_min[live], -INF)
-    keep0[live] = top >= c0[live]
-    caps[live] = np.where(keep0[live], caps[live], top)
-    return live[(caps[live] >= floor[live]) & (c0[live] > floor[live])]
+    keep0[live], caps[live], floor[live] = horizon.sweep_start(a0[live], c0[live], c_min[live], a_min[live])
+    return live[caps[live] >= floor[live]]
 
 
 def _gather(keys: list[Hashable], codes: RowCodes, order: list[int], found: list[_Found]) -> FrontierTable:

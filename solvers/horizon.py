@@ -43,6 +43,16 @@ class Horizon:
         top = np.where(self.t_lo > a_min, top, INF)
         return np.where(held >= self.microbatches, c_min, top)
 
+    def sweep_start(self, a0: np.ndarray, c0: np.ndarray, c_min: np.ndarray,
+                    a_min: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """After round 0 (each row's least-A split (A_0, C_0)) and the round at the least C: per
+        row, whether the least-A split stays (the top cap is not below it), the cap the sweep
+        goes on from (just below C_0, or the top cap), and the C where it ends (-inf where the
+        round at C_min found nothing: then no limit). A row whose cap is below its end is done."""
+        top = self.top_caps(a0, c_min, a_min)
+        floor = np.where(np.isfinite(a_min), c_min, -INF)
+        return top >= c0, np.minimum(np.nextafter(c0, -INF), top), floor
+
 
 def horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None]],
                       least_c: Callable[[list[int]], np.ndarray], rows: list[int],
@@ -61,12 +71,10 @@ def horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None
     a0 = np.array([found[r][0].a_s for r in live])
     c0 = np.array([found[r][0].c_s for r in live])
     a_min = np.array([INF if p is None else p.a_s for p in at_min])
-    top = horizon.top_caps(a0, c_min, a_min)
-    for r, needed in zip(live, (top >= c0).tolist()):
+    keep_first, caps, floor = horizon.sweep_start(a0, c0, c_min, a_min)
+    for r, needed in zip(live, keep_first.tolist()):
         if not needed:
             found[r] = []  # the least-A point: above the top cap
-    floor = np.where(np.isfinite(a_min), c_min, -INF)
-    caps = np.minimum(np.nextafter(c0, -INF), top)
     keep = caps >= floor
     live, caps, floor = [r for r, k in zip(live, keep) if k], caps[keep], floor[keep]
     while live:
