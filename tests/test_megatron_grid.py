@@ -50,7 +50,8 @@ def test_groups_span_whole_nodes_only_when_the_cluster_allows_it() -> None:
 def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     """Solve every grid's split (no bound, no pruning), keep the first fastest in enumeration order:
     `best_megatron_plan` must return exactly that plan. Also checks both bounds of every grid (the
-    one without a DP and the layout's) against the evaluator's step of its grid's plan."""
+    one without a DP and the layout's) against the evaluator's step of its grid's plan, and that
+    a plan is left unbuilt exactly when its step is above the one to beat."""
     cluster, training = CASES[case]
     options: dict = {}
     placed: dict = {}
@@ -68,6 +69,10 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
             continue
         solved += 1
         assert lay.bound_s <= found[1].step_s, grid
+        # a grid whose plan cannot beat `beat_s` is not built: the split's step is the evaluator's
+        step = found[1].step_s
+        assert mg._grid_plan(MODEL, training, cluster, COST, lay, beat_s=step * (1 - 1e-6)) is None, grid
+        assert mg._grid_plan(MODEL, training, cluster, COST, lay, beat_s=step)[1].step_s == step, grid
         assert mg._work_bound(MODEL, training, COST, grid, placement, work) <= found[1].step_s, grid
         if best is None or found[1].step_s < best[1].step_s:
             best = found
