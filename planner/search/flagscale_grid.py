@@ -27,6 +27,7 @@ is added as a candidate.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -88,12 +89,18 @@ def _most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capaci
     fixed = table.params_per_gpu[1:n_dec + 1] * bytes_per_param + table.act_bytes[1:n_dec + 1]
     work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
     cum = np.concatenate([[0.0], np.cumsum(fixed)])
-    first, last = np.triu_indices(n_dec)
+    first, last = _runs(n_dec)
     runs = np.full((n_dec, n_dec), -math.inf)
     runs[first, last] = work[last]
     largest = np.maximum.accumulate(runs, axis=1)[first, last]  # largest buffer of layers first..last
     fits = cum[last + 1] - cum[first] + largest <= capacity
     return int((last - first + 1)[fits].max()) if fits.any() else 0
+
+
+@functools.lru_cache(maxsize=16)
+def _runs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) of every run of n layers, first <= last."""
+    return np.triu_indices(n)
 
 
 def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass, g: _Group,
@@ -106,8 +113,10 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
     capacity = st.memory_capacity_bytes(cost.knobs, rc.dev)
     key = (rc.index, g.b, g.cp, g.recompute)
     if key not in memo:
+        if (rc.index, g.b) not in memo:  # every cp and recompute mode filters the same shapes
+            memo[(rc.index, g.b)] = stage_shapes(model, training, rc, g.b)
         rows = []
-        for shape in stage_shapes(model, training, rc, g.b):
+        for shape in memo[(rc.index, g.b)]:
             if shape.hp != 1 or shape.cp != g.cp or shape.recompute != g.recompute:
                 continue
             try:
