@@ -1,7 +1,7 @@
 """The frontier horizon: which splits a parametric frontier sweep can leave out, given a lower
 bound on every plan's pipeline time (`Horizon`, used by `frontier_table.batched_frontier_table`),
 and the sweep of (A, C) points with one (`horizon_frontiers`, used by
-`batched_runs.batched_capped_points`)."""
+`capped_points.batched_capped_points`)."""
 
 from __future__ import annotations
 

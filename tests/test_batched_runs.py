@@ -97,7 +97,7 @@ def _capped_rows(seed: int, opts: dict, rows: list) -> tuple[list[float], list, 
 @pytest.mark.parametrize("seed", range(6))
 def test_batched_capped_points_equal_per_group(seed: int) -> None:
     """Under tail caps: the same (A, C) points as the per-group tail-capped sweeps."""
-    from solvers.batched_runs import batched_capped_points
+    from solvers.capped_points import batched_capped_points
     from solvers.two_runs import tail_capped_chain_frontiers
     from solvers.uniform_layers import tail_capped_frontiers
 
@@ -130,7 +130,8 @@ def _three_run_rows(views: dict, n: int) -> list:
 def test_three_run_rows_match_the_general_dp(seed: int) -> None:
     """Rows of three runs (x, k1, y, k2, z, k3): the (A, C) frontier, least largest tail and
     tail-capped points of the general partition DP on the same stage sequence."""
-    from solvers.batched_runs import batched_capped_points, batched_min_max_tails, row_skeleton
+    from solvers.batched_runs import batched_min_max_tails, row_skeleton
+    from solvers.capped_points import batched_capped_points
     from solvers.partition import min_max_tail, tail_capped_frontier
 
     n, opts, views, _ = _instance(seed)
@@ -205,7 +206,7 @@ def test_capped_points_with_a_horizon_hold_what_every_later_pipeline_time_needs(
     """Under tail caps with a horizon (t_lo, M): each (row, cap) keeps some of its points, its
     least-C one among them, and at t_lo and at every later time where some point's count of
     microbatches steps up it holds what all its points hold; fewer points in all."""
-    from solvers.batched_runs import batched_capped_points
+    from solvers.capped_points import batched_capped_points
     from solvers.horizon import Horizon
 
     n, opts, views, rows = _instance(seed)
@@ -225,3 +226,20 @@ def test_capped_points_with_a_horizon_hold_what_every_later_pipeline_time_needs(
                 assert max(held) == max(want), (i, t)
             dropped += len(pts) - len(got[i])
     assert dropped > 0
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
+def test_min_plus_is_the_least_sum_over_every_split_of_k(rows: int) -> None:
+    """`_min_plus` (a gather of every (d, k) pair for few rows, two array operations per d above
+    that) against the definition: out[b, k] = min over d <= k of stage[b, d] + rest[b, k - d]."""
+    from solvers.batched_runs import FEW_ROWS, _min_plus
+
+    rng = np.random.default_rng(rows)
+    width = 41
+    stage = np.where(rng.random((rows, width)) < 0.2, np.inf, rng.random((rows, width)))
+    stage[:, 30:] = np.inf  # stages hold at most 30 decoders here
+    rest = np.where(rng.random((rows, width)) < 0.2, np.inf, rng.random((rows, width)))
+    want = np.array([[min(stage[b, d] + rest[b, k - d] for d in range(k + 1)) for k in range(width)]
+                     for b in range(rows)])
+    assert np.array_equal(_min_plus(stage, rest), want)
+    assert (rows <= FEW_ROWS) == (rows in (1, 5, 16))  # both paths are exercised

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.search.space import StageShape
-from solvers.batched_runs import batched_capped_points
+from solvers.capped_points import batched_capped_points
 from solvers.partition import StageOptions
 from solvers.uniform_layers import UniformView
 

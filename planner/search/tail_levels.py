@@ -17,7 +17,8 @@ from planner.search.options import pruned_options
 from planner.search.space import BlockType, StageShape, skeleton_usage
 from planner.search.templates import Template, skeleton_group
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import Row, batched_capped_points, batched_min_max_tails, row_skeleton
+from solvers.batched_runs import Row, batched_min_max_tails, row_skeleton
+from solvers.capped_points import batched_capped_points
 from solvers.partition import StageOptions, min_max_tail, tail_capped_frontier
 from solvers.uniform_layers import INF, uniform_view
 
