@@ -215,6 +215,16 @@ class _Batch:
         return SplitColumns(rows, starts, ends, opts, fbs, tails)
 
 
+FEW_ROWS = 16  # `_min_plus` on at most this many rows gathers every (d, k) pair (a sweep's late
+# rounds: 1 row 5x faster, 5 rows 3.4x, 20 rows 2x; from about 30 rows the gathered array costs more)
+
+
+@functools.lru_cache(maxsize=64)
+def _shifted(span: int, width: int) -> np.ndarray:
+    """(span, width) index into a row padded with `width` +inf in front: entry (d, k) is k - d."""
+    return width + np.arange(width)[None, :] - np.arange(span)[:, None]
+
+
 def _min_plus(stage: np.ndarray, rest: np.ndarray) -> np.ndarray:
     """(min, +) convolution per row, out[b, k] = min_d stage[b, d] + rest[b, k - d], without the
     argmin `uniform_layers._conv` keeps: only the rows a round finishes need their choices, and
@@ -228,16 +238,6 @@ def _min_plus(stage: np.ndarray, rest: np.ndarray) -> np.ndarray:
     for d in range(span):
         np.minimum(out[:, d:], stage[:, d:d + 1] + rest[:, :width - d], out=out[:, d:])
     return out
-
-
-FEW_ROWS = 16  # `_min_plus` on at most this many rows gathers every (d, k) pair (a sweep's late
-# rounds: 1 row 5x faster, 5 rows 3.4x, 20 rows 2x; from about 30 rows the gathered array costs more)
-
-
-@functools.lru_cache(maxsize=64)
-def _shifted(span: int, width: int) -> np.ndarray:
-    """(span, width) index into a row padded with `width` +inf in front: entry (d, k) is k - d."""
-    return width + np.arange(width)[None, :] - np.arange(span)[:, None]
 
 
 def sweep_order(codes: RowCodes) -> list[int]:

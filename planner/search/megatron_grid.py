@@ -147,6 +147,7 @@ def _least_bottleneck(per_type: tuple[tuple[str, int], ...], cost: dict[str, flo
         return 0.0
     scale = 1 + 1e-12
     lowest = decoders / (sum(nt / wt for wt, nt in zip(w, n)) * scale)
+
     def multiples(wt: float) -> Iterator[float]:
         """k·wt from just below `lowest` (one more step down against rounding) up to decoders·wt."""
         return (k * wt for k in range(max(1, int(lowest / wt) - 1), decoders + 1))
