@@ -104,6 +104,32 @@ def test_packed_templates_unpack_to_equal_templates() -> None:
         assert [type(t.usage[0]) for t in back] == [int] * len(back)
 
 
+
+def test_refinement_merges_new_group_templates_as_a_full_prune_would() -> None:
+    """`units.refine_unit` replaces the covered groups' bound templates with tighter ones: it prunes
+    only the new templates and merges them by key into the rest, which must equal pruning the
+    whole set again (the bound set is a fixed point of the prune, ordered by `bound_key`)."""
+    import heapq
+    import random
+
+    from planner.search.templates import bound_key, prune_templates, skeleton_group
+
+    provider, _ = _provider(2)
+    _, lb_set = provider.templates(2, 3)
+    assert prune_templates(lb_set, bound_key) == lb_set
+    groups = sorted({skeleton_group(t.skeleton) for t in lb_set})
+    assert len(groups) >= 2
+    rng = random.Random(3)
+    for covered in (set(groups[::2]), set(groups[1::2]), {groups[0]}):
+        # tighter templates for the covered groups: tails raised, some A and C as well, duplicates
+        new = [t._replace(a_s=t.a_s * rng.choice([1.0, 1.01]), c_s=t.c_s * rng.choice([1.0, 1.02]),
+                          e_s=t.e_s + rng.random() * 0.01)
+               for t in lb_set if skeleton_group(t.skeleton) in covered for _ in range(rng.randint(1, 2))]
+        kept = [t for t in lb_set if skeleton_group(t.skeleton) not in covered]
+        merged = list(heapq.merge(kept, prune_templates(new, bound_key), key=bound_key))
+        assert merged == prune_templates(kept + new, bound_key)
+
+
 def test_node_packing_is_first_fit_in_file_order() -> None:
     """`placement._NodePool` resumes its scan per group size; the GPUs it hands out must be exactly
     those of a plain first-fit scan from the first node, on mixed node sizes and random requests."""
