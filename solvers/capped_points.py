@@ -96,7 +96,8 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
         cap, e = caps[order], ecap[order]
         value = last_fb = _capped(last, 1, rev[:, 1], e, cap)
         trace: list[tuple[np.ndarray, np.ndarray]] = []  # per r >= 2: the stage costs and the table they met
-        a, d0, c = (np.zeros(len(order)) for _ in range(3))  # per row: least A, its first stage, that stage's F+B
+        # per row: least A, the decoders of its first stage and that stage's F+B
+        a, d0, c = (np.zeros(len(order)) for _ in range(3))
         for r in range(1, int(tot[0])):
             active = int(np.count_nonzero(tot > r))
             if r >= 2:

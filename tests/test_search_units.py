@@ -104,7 +104,6 @@ def test_packed_templates_unpack_to_equal_templates() -> None:
         assert [type(t.usage[0]) for t in back] == [int] * len(back)
 
 
-
 def test_refinement_merges_new_group_templates_as_a_full_prune_would() -> None:
     """`units.refine_unit` replaces the covered groups' bound templates with tighter ones: it prunes
     only the new templates and merges them by key into the rest, which must equal pruning the
