@@ -202,9 +202,9 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     0.76655 s plan before refinement instead of a 0.76728 s one after: 42 units refined instead of
     72, 45 s instead of 80 s. Past the deadline only the floor engine candidates run
     (`candidates.FLOOR_ENGINES`: the Megatron grid, so that a time-limited answer is not slower
-    than the best grid either; with the best plan as its cutoff it costs 0.3-0.5, 1.0-1.7 and
-    2.1-2.9 s past a 1-4 s limit on the 64, 1,024 and 16,384-GPU ladder pools). Returns whether the deadline cut something short, and
-    the seconds each engine candidate took."""
+    than the best grid either; with the best plan as its cutoff it costs 0.4, 1.3 and 2.0 s past
+    a 1 s limit on the 64, 1,024 and 16,384-GPU ladder pools, `search_scale.py --time-limit 1`).
+    Returns whether the deadline cut something short, and the seconds each engine candidate took."""
     def past() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
