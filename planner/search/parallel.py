@@ -60,6 +60,12 @@ def _map(job: Callable[[int], object], tasks: int, workers: int) -> tuple[list, 
         _JOB = None
 
 
+def narrow_class(lo: int, hi: int) -> bool:
+    """Whether a replica class [lo, hi] (lo < hi) is narrow: its counts lie within about 1.5x of
+    each other, so its [lo, 1.5 lo] part would reach hi - 1 (`split_counts`)."""
+    return int(lo * 1.5) >= hi - 1
+
+
 def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
     """The parts a replica class [lo, hi] is split into: [lo, m] and [m + 1, hi] with m about
     1.5 lo; a narrow class (m would be hi - 1, at most `SPLIT_SINGLETONS` counts) into single
@@ -69,7 +75,7 @@ def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
     move before [9, 9] and [10, 10] were reached. Either way every part's bound is at least the
     class's (`UnitPool.split`)."""
     mid = max(lo, min(hi - 1, int(lo * 1.5)))
-    if mid >= hi - 1 and hi - lo < SPLIT_SINGLETONS:
+    if narrow_class(lo, hi) and hi - lo < SPLIT_SINGLETONS:
         return [(r, r) for r in range(lo, hi + 1)]
     return [(lo, mid), (mid + 1, hi)]
 
