@@ -67,8 +67,15 @@ class _Least:
     tail: np.ndarray  # (F + 1, T, D): the tail of that option
 
 
-def _least(kinds: list[Kind], capacities: list[float], flights: int) -> _Least:
-    f = np.arange(1, flights + 1, dtype=float)[:, None, None]
+def _flights(flights: int, max_flight: int | None) -> np.ndarray:
+    """Microbatches held by the stage at flight 1..`flights` (r-th from the end holds r), as a
+    (F, 1, 1) column: at most `max_flight` (a pipeline of m < S microbatches holds min(r, m))."""
+    f = np.arange(1, flights + 1, dtype=float)
+    return (f if max_flight is None else np.minimum(f, max_flight))[:, None, None]
+
+
+def _least(kinds: list[Kind], capacities: list[float], flights: int, max_flight: int | None = None) -> _Least:
+    f = _flights(flights, max_flight)
     fb, option, tail = [], [], []
     for kind, cap in zip(kinds, capacities):
         fits = np.where(kind.mem_fixed[None] + f * kind.act[None] <= cap, kind.fb[None], INF)  # (F, O, D)
@@ -116,11 +123,11 @@ def _is_live(row: Row, n: int) -> bool:
 class _Batch:
     """The per-type least-cost tables and a solver of every row under per-row F+B caps."""
 
-    def __init__(self, views: list[UniformView], flights: int) -> None:
+    def __init__(self, views: list[UniformView], flights: int, max_flight: int | None = None) -> None:
         self.views = views
         caps = [v.capacity for v in views]
-        self.first = _least([v.first for v in views], caps, flights)
-        self.mid = _least([v.mid for v in views], caps, flights)
+        self.first = _least([v.first for v in views], caps, flights, max_flight)
+        self.mid = _least([v.mid for v in views], caps, flights, max_flight)
         self.last = _least([v.last for v in views], caps, 1)
         self.whole = _least([v.whole for v in views], caps, 1)
         self.big_n = views[0].decoders
@@ -247,17 +254,18 @@ def sweep_order(codes: RowCodes) -> list[int]:
 
 
 def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
-                      budget: Budget | None = None) -> dict[Row, list[Split]]:
+                      budget: Budget | None = None, max_flight: int | None = None) -> dict[Row, list[Split]]:
     """Every non-dominated (A, C) split of each row (x1, k1, x2, k2, ...): k1 stages of `views[x1]`,
     then k2 of `views[x2]`, ... Option indices refer to each stage's own view. Rows with no stage,
-    or more stages than layer slots, are left out."""
+    or more stages than layer slots, are left out. `max_flight`: the microbatches a stage holds at
+    most (`partition.split_frontier`'s `max_in_flight`: a pipeline run with m < S microbatches)."""
     keys = list(views)
     if not keys:
         return {}
     codes = RowCodes.of(keys, rows, views[keys[0]].n)
     if not codes.live:
         return {}
-    batch = _Batch([views[k] for k in keys], int(codes.total.max()))
+    batch = _Batch([views[k] for k in keys], int(codes.total.max()), max_flight)
     at = {row: i for i, row in enumerate(codes.live)}
     order = sweep_order(codes)
     found = parametric_frontiers(lambda rs, caps: batch.solve(codes, [at[r] for r in rs], caps),
@@ -265,9 +273,10 @@ def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
     return found
 
 
-def _least_tail(kinds: list[Kind], capacities: list[float], flights: int) -> np.ndarray:
+def _least_tail(kinds: list[Kind], capacities: list[float], flights: int,
+                max_flight: int | None = None) -> np.ndarray:
     """Least stage tail over options whose memory fits, by (flight, type, decoders)."""
-    f = np.arange(1, flights + 1, dtype=float)[:, None, None]
+    f = _flights(flights, max_flight)
     out = []
     for kind, cap in zip(kinds, capacities):
         ok = (kind.mem_fixed[None] + f * kind.act[None] <= cap) & np.isfinite(kind.fb)[None]
@@ -276,26 +285,28 @@ def _least_tail(kinds: list[Kind], capacities: list[float], flights: int) -> np.
     return np.stack(out, axis=1)
 
 
-def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:
+def batched_min_max_tails(views: dict[Hashable, UniformView], rows: list[Row],
+                          max_flight: int | None = None) -> dict[Row, float | None]:
     """Least possible largest stage tail over every memory-feasible split of each row (as in
-    `batched_frontiers`); equals `uniform_layers.min_max_tails` and
+    `batched_frontiers`, `max_flight` too); equals `uniform_layers.min_max_tails` and
     `two_runs.chain_min_max_tails` row by row, in one (min, max) DP for all rows."""
     keys = list(views)
     if not keys:
         return {}
     codes = RowCodes.of(keys, rows, views[keys[0]].n)
-    tails = coded_min_max_tails([views[k] for k in keys], codes)
+    tails = coded_min_max_tails([views[k] for k in keys], codes, max_flight)
     return {r: (t if math.isfinite(t) else None) for r, t in zip(codes.live, tails.tolist())}
 
 
-def coded_min_max_tails(views: list[UniformView], codes: RowCodes) -> np.ndarray:
+def coded_min_max_tails(views: list[UniformView], codes: RowCodes, max_flight: int | None = None) -> np.ndarray:
     """`batched_min_max_tails` on rows coded against `views` (in order): the least largest tail
     of each live row, +inf where no split fits."""
     if not codes.live:
         return np.full(0, INF)
     caps = [v.capacity for v in views]
     flights = int(codes.total.max())
-    return _coded_min_max(codes, lambda kind, f: _least_tail([getattr(v, kind) for v in views], caps, f), flights)
+    return _coded_min_max(codes, lambda kind, f: _least_tail([getattr(v, kind) for v in views], caps, f, max_flight),
+                          flights)
 
 
 def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:

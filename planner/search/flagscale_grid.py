@@ -320,19 +320,18 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
 
     def frontiers(gi: int, orders: list[tuple]) -> list[tuple[list[Split], float | None]]:
         """Per run order, its (A, C) split frontier and least largest tail: all orders in one batched
-        sweep (`solvers.batched_runs`) when every mesh's layers are identical and the pipeline runs
-        at least as many microbatches as it has stages (memory per position as there), else one
-        general DP per order."""
+        sweep (`solvers.batched_runs`, each stage holding at most the pipeline's m microbatches)
+        when every mesh's layers are identical, else one general DP per order."""
         m = groups[gi].microbatches
         meshes = orders[0]
         for w, _ in meshes:
             if (gi, id(w)) not in views:
                 views[(gi, id(w))] = uniform_view(options_of(gi, w))
         mine = {id(w): views[(gi, id(w))] for w, _ in meshes}
-        if m >= sum(p for _, p in meshes) and all(v is not None for v in mine.values()):
+        if all(v is not None for v in mine.values()):
             rows = [tuple(x for w, p in order for x in (id(w), p)) for order in orders]
-            found = batched_frontiers(mine, rows)
-            tails = batched_min_max_tails(mine, rows)
+            found = batched_frontiers(mine, rows, max_flight=m)
+            tails = batched_min_max_tails(mine, rows, max_flight=m)
             return [(found.get(row, []), tails.get(row)) for row in rows]
         out = []
         for order in orders:
