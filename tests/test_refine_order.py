@@ -57,3 +57,49 @@ def test_a_narrow_class_is_refined_at_finer_ratios_before_it_is_split() -> None:
     for lo, hi in ((9, 13), (22, 33), (5, 8)):
         assert narrow_class(lo, hi)
         assert _refine_alone(lo, hi) == [("refine", lo, hi, r) for r in REFINE_RATIOS[:-1]] + [("split", lo, hi)]
+
+
+def test_the_part_keeping_the_lowest_count_goes_on_from_the_class_refinement() -> None:
+    """A wide class [9, 16] refined at the first ratio and split: its part [9, 13] has tails costed
+    for 9 pipelines as the class had, so it takes the class's refined templates and ratio (next:
+    1.15) and a bound at least the class's and its own; [14, 16] starts afresh. No plan of the
+    part the split found is faster than that bound."""
+    import time
+
+    from planner.search.parallel import UnitPool
+    from planner.search.providers import BlocksProvider
+    from planner.search.space import block_types, resource_classes, stage_shapes
+    from planner.search.units import UnitContext
+    from solvers.assign import SolverStats
+    from tests.test_search_refine import BIG_CLUSTER, BIG_MODEL, BIG_TRAINING, COST
+
+    classes = resource_classes(BIG_CLUSTER)
+    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
+    avail = tuple(rc.gpus for rc in classes)
+
+    def context() -> tuple[UnitContext, BlocksProvider]:
+        provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+                                  BIG_CLUSTER.single_node)
+        return UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, classes, COST, avail, [], [], set(),
+                           SolverStats(), {"assignments": 0}), provider
+
+    ctx, provider = context()
+    wide = Unit(1, provider, 9, 16, BIG_TRAINING.global_batch)
+    with UnitPool([wide], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
+        pool.solve([wide])
+        (whole,) = ctx.solved
+        pool.refine([whole], None)
+        assert whole.ratio == REFINE_RATIOS[0]
+        pool.split(whole)
+        low, high = sorted(ctx.solved, key=lambda su: su.unit.lo)
+    fresh_ctx, fresh_provider = context()
+    alone = Unit(1, fresh_provider, 9, 13, BIG_TRAINING.global_batch)
+    with UnitPool([alone], fresh_ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
+        pool.solve([alone])
+        (fresh,) = fresh_ctx.solved
+    assert (low.unit.lo, low.unit.hi, high.unit.lo, high.unit.hi) == (9, 13, 14, 16)
+    assert low.ratio == REFINE_RATIOS[0] and low.lb_set is whole.lb_set and high.ratio is None
+    assert low.next_ratio() == REFINE_RATIOS[1]
+    assert low.bound_s >= max(whole.bound_s, fresh.bound_s) * (1 - 1e-12)
+    found = [c.step_s for c in ctx.candidates if c.unit == (1, 9, 13)]
+    assert found and min(found) >= low.bound_s

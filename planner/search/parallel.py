@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 
 from planner.search.candidates import ENGINE_CANDIDATES
 from planner.search.templates import PackedTemplates, Template
-from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, polish_unit,
-                                  refine_unit, solve_unit)
+from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, inherit_refinement,
+                                  polish_unit, refine_unit, solve_unit)
 from solvers.assign import SolverStats
 
 SPLIT_SINGLETONS = 8  # a narrow class (at most this many counts) splits into single counts at once
@@ -370,3 +370,8 @@ class UnitPool:
             self._kept.append(part)  # alive, so its id stays its own
         self.ctx.solved[:] = [s for s in self.ctx.solved if s is not su]
         self.solve(parts)
+        if su.ratio is not None:
+            best = min(c.step_s for c in self.ctx.candidates)
+            for s in self.ctx.solved:
+                if s.unit is parts[0]:
+                    inherit_refinement(s, su, self.ctx, best)

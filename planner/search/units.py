@@ -263,6 +263,27 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
             break
 
 
+def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, incumbent_s: float) -> None:
+    """The part of a split class that keeps its lowest count (`parallel.UnitPool.split`) goes on
+    from the class's refined bound templates and ratio: its tails are costed for the same count,
+    and the class's templates, memory-checked for its most pipelines, hold every split the
+    part's own do. Its bound is the most of its own, the class's and the LP's over those
+    templates under its fewer pipelines. Refined again from the coarsest ratio instead, such a
+    part mostly came back to the class's bound (`chain_check.py --seed 40` pool 18: four of the
+    refinements)."""
+    u = part.unit
+    overhead = ctx.cost.knobs.step_overhead_s
+    templates = whole.lb_set.unpack() if isinstance(whole.lb_set, PackedTemplates) else whole.lb_set
+    unit = SolverStats()
+    lb = solve_assignment_lp(_problem(templates, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
+                             incumbent_s=incumbent_s - overhead, bound_only=True) if templates else None
+    ctx.stats.ilp_solves += unit.ilp_solves
+    bound = whole.bound_s
+    if lb is not None and not unit.truncated:
+        bound = max(bound, (lb.bound_s + overhead) * (1 - 1e-9))
+    part.bound_s, part.lb_set, part.ratio = max(part.bound_s, bound), whole.lb_set, whole.ratio
+
+
 def _with_other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]:
     """`groups` and the other run orders of the same GPU groups among `lb_set`'s skeleton groups
     (A100 -> L4 for L4 -> A100), refined together (`refine_unit`)."""
