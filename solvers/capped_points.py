@@ -28,14 +28,18 @@ class _TailCappedLeast:
     cap whose memory fits at a flight, +inf where none; one table per flight, built on first use
     and then gathered each round. Under an F+B cap the least option within the tail cap either
     fits the F+B cap or none does, so a round only compares this table with its caps: the option
-    axis is reduced once per flight, not every round."""
+    axis is reduced once per flight, not every round. A stage holds at most `max_flight`
+    microbatches (a pipeline of m < S: the r-th stage from the end holds min(r, m))."""
 
-    def __init__(self, kinds: list[Kind], capacities: list[float], levels: np.ndarray) -> None:
-        self.kinds, self.capacities, self.levels = kinds, capacities, levels
+    def __init__(self, kinds: list[Kind], capacities: list[float], levels: np.ndarray,
+                 max_flight: int | None = None) -> None:
+        self.kinds, self.capacities, self.levels, self.max_flight = kinds, capacities, levels, max_flight
         self.tables: dict[int, np.ndarray] = {}
 
     def at(self, flight: int) -> np.ndarray:
         """(T, E, D) least F+B at `flight` under each of the E tail caps `levels`."""
+        if self.max_flight is not None:
+            flight = min(flight, self.max_flight)
         if flight not in self.tables:
             e = self.levels[:, None, None]
             self.tables[flight] = np.stack([
@@ -54,10 +58,11 @@ def _capped(table: _TailCappedLeast, flight: int, types: np.ndarray, levels: np.
 
 
 def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
-                          ecaps: list[float], horizon: Horizon | None = None) -> dict[int, list[tuple[float, float]]]:
-    """For each row i (as in `batched_frontiers`) and its tail cap `ecaps[i]`, every non-dominated
-    (A, C) of the splits whose every stage tail is <= the cap, keyed by i (rows without such a
-    split left out). Equals `uniform_layers.tail_capped_frontiers` and
+                          ecaps: list[float], horizon: Horizon | None = None,
+                          max_flight: int | None = None) -> dict[int, list[tuple[float, float]]]:
+    """For each row i (as in `batched_frontiers`, `max_flight` too) and its tail cap `ecaps[i]`,
+    every non-dominated (A, C) of the splits whose every stage tail is <= the cap, keyed by i (rows
+    without such a split left out). Equals `uniform_layers.tail_capped_frontiers` and
     `two_runs.tail_capped_chain_frontiers` row by row; all rows advance in one parametric sweep.
     With a `horizon`, only the points it needs (each row under its own tail cap: its least C is a
     (min, max) DP over the capped tables, `_capped_least_c`)."""
@@ -73,7 +78,7 @@ def batched_capped_points(views: dict[Hashable, UniformView], rows: list[Row],
     caps_mem = [v.capacity for v in vs]
     levels, e_code = np.unique(np.asarray(ecaps, dtype=float), return_inverse=True)
     e_code = e_code.reshape(-1)
-    first, mid, last, whole = (_TailCappedLeast([getattr(v, kind) for v in vs], caps_mem, levels)
+    first, mid, last, whole = (_TailCappedLeast([getattr(v, kind) for v in vs], caps_mem, levels, max_flight)
                                for kind in ("first", "mid", "last", "whole"))
     big_n = vs[0].decoders
     rest = big_n - np.arange(big_n + 1)

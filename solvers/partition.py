@@ -141,12 +141,12 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
     return pareto(found)
 
 
-def tail_capped_frontier(positions: list[StageOptions], e: float) -> list[Split]:
+def tail_capped_frontier(positions: list[StageOptions], e: float, max_in_flight: int | None = None) -> list[Split]:
     """Every non-dominated (A, C) split whose stages all have tails <= e (the general DP under a
-    tail cap, bottleneck cap lowered below each answer in turn)."""
+    tail cap, bottleneck cap lowered below each answer in turn; `max_in_flight` as `best_split`)."""
     found: list[Split] = []
     c = INF
-    while (sol := best_split(positions, c, e)) is not None:
+    while (sol := best_split(positions, c, e, max_in_flight)) is not None:
         found.append(sol)
         c = _below(sol.c_s)
     return pareto_ac(found)

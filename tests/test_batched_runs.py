@@ -70,17 +70,20 @@ def test_batched_matches_general_dp(seed: int) -> None:
 @pytest.mark.parametrize("seed, max_flight", [(0, 1), (1, 2), (2, 3), (3, 2)])
 def test_a_flight_cap_matches_the_general_dp(seed: int, max_flight: int) -> None:
     """A pipeline of m < S microbatches: each stage holds min(r, m), r its place from the end.
-    The (A, C) frontier (with each split's options) and the least largest tail of every row equal
-    the general DP's with `max_in_flight=m`; the instances have options that fit only so (else the
+    The (A, C) frontier (with each split's options), the least largest tail and the tail-capped
+    points of every row equal the general DP's with `max_in_flight=m`; the instances have options that fit only so (else the
     cap would change nothing)."""
     from solvers.batched_runs import batched_min_max_tails
-    from solvers.partition import min_max_tail
+    from solvers.capped_points import batched_capped_points
+    from solvers.partition import min_max_tail, tail_capped_frontier
 
     _, opts, views, rows = _instance(seed)
     got = batched_frontiers(views, rows, max_flight=max_flight)
     tails = batched_min_max_tails(views, rows, max_flight=max_flight)
+    level = float(np.median([t for o in opts.values() for t in o.tail[np.isfinite(o.fb)]]))
+    capped = batched_capped_points(views, rows, [level] * len(rows), max_flight=max_flight)
     changed = 0
-    for x, k1, y, k2 in rows:
+    for i, (x, k1, y, k2) in enumerate(rows):
         positions = [opts[x]] * k1 + [opts[y]] * k2
         ref = split_frontier(positions, max_in_flight=max_flight, with_tail=False)
         mine = got.get((x, k1, y, k2), [])
@@ -89,6 +92,8 @@ def test_a_flight_cap_matches_the_general_dp(seed: int, max_flight: int) -> None
         least = min_max_tail(positions, max_in_flight=max_flight)
         assert (tails[(x, k1, y, k2)] is None) == (least is None)
         assert least is None or math.isclose(tails[(x, k1, y, k2)], least)
+        want = [(round(p.a_s, 9), round(p.c_s, 9)) for p in tail_capped_frontier(positions, level, max_flight)]
+        assert [(round(a, 9), round(c, 9)) for a, c in capped.get(i, [])] == want
         changed += [(p.a_s, p.c_s) for p in ref] != [(p.a_s, p.c_s) for p in split_frontier(positions, with_tail=False)]
     assert changed  # the cap lets some rows fit options they could not hold uncapped
 

@@ -112,13 +112,13 @@ def tail_levels_bound(views: dict[int, UniformView | None], order: tuple[tuple[M
     sweep over `TAIL_LEVELS` caps e_1 < ... < e_K = e_hi spread over (e_lo, e_hi] (e_lo: the least
     largest tail of any split; e_hi: the largest tail on the (A, C) frontier, so P(e_hi) is the least
     A + (m - 1)·C of all), a split whose largest tail lies in (e_(j-1), e_j] costs at least
-    P(e_j) + e_(j-1), and one above e_K at least P(e_K) + e_K. -inf where the batched sweep does not
-    apply (a view is not uniform, or fewer microbatches than stages)."""
-    if m < sum(p for _, p in order) or any(views.get(id(w)) is None for w, _ in order) or not e_hi > e_lo:
+    P(e_j) + e_(j-1), and one above e_K at least P(e_K) + e_K (each stage holding at most m
+    microbatches). -inf where the batched sweep does not apply (a view is not uniform)."""
+    if any(views.get(id(w)) is None for w, _ in order) or not e_hi > e_lo:
         return -math.inf
     caps = [float(e) for e in np.linspace(e_lo, e_hi, TAIL_LEVELS + 1)[1:]]
     row = tuple(x for w, p in order for x in (id(w), p))
-    points = batched_capped_points({id(w): views[id(w)] for w, _ in order}, [row] * len(caps), caps)
+    points = batched_capped_points({id(w): views[id(w)] for w, _ in order}, [row] * len(caps), caps, max_flight=m)
     least = [min((a + (m - 1) * c for a, c in points.get(j, [])), default=math.inf) for j in range(len(caps))]
     return min(min(p + e for p, e in zip(least, [e_lo] + caps[:-1])), least[-1] + caps[-1])
 
