@@ -106,8 +106,8 @@ def _finer_first(su: SolvedUnit) -> bool:
     for its lowest count, and a split leaves that count's part with the class's bound, to be
     refined again from the coarsest ratio: on `chain_check.py --seed 40` pool 18 (OPT-350M on 56
     GPUs) [9, 13] was split after the ratio 1.5 and each count refined at 1.5 and 1.15; refined
-    at 1.15 as a class it reached the goal at once (64 units refined against 18, 41 s against
-    19 s). The last ratio is left to the parts: a class that needs it is most often one whose
+    at 1.15 as a class it reached the goal at once (18 units refined against 64, 17 s against
+    38 s). The last ratio is left to the parts: a class that needs it is most often one whose
     counts do differ (ZeRO shards by the count), and refining [5, 8] at 1.05 before splitting it
     anyway took 4 s more on `--seed 36` pool 5. A wide class is split after its first ratio."""
     return narrow_class(su.unit.lo, su.unit.hi) and su.next_ratio() not in (None, REFINE_RATIOS[-1])

@@ -269,8 +269,8 @@ def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, in
     and the class's templates, memory-checked for its most pipelines, hold every split the
     part's own do. Its bound is the most of its own, the class's and the LP's over those
     templates under its fewer pipelines. Refined again from the coarsest ratio instead, such a
-    part mostly came back to the class's bound (`chain_check.py --seed 40` pool 18: four of the
-    refinements)."""
+    part mostly came back to the class's bound (`chain_check.py --seed 40` pool 18: 18 units
+    refined, 14 with the parts inheriting)."""
     u = part.unit
     overhead = ctx.cost.knobs.step_overhead_s
     templates = whole.lb_set.unpack() if isinstance(whole.lb_set, PackedTemplates) else whole.lb_set
