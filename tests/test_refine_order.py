@@ -1,7 +1,7 @@
 """The order of refinement (`unit_loop.refine`): which of the lowest bounds is tightened next, and
 how. A single count goes through every tail-level ratio; a wide replica class is split after its
-first; a narrow class is refined at every ratio but the last before it is split (its parts would
-each need the coarse ratios again).
+first; a narrow class is refined at every ratio but the last before it is split (its part with
+the lowest count would keep the class's bound, and the others start again from the coarsest ratio).
 
 The pool here is a stub that records what it is asked and moves no bound, so every unit is taken as
 far as the policy goes."""
