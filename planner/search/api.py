@@ -38,7 +38,7 @@ from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
 from planner.search.templates import count_sequences
-from planner.search.unit_loop import Progress, best_first, close_gap
+from planner.search.unit_loop import Progress, beyond_coverage, best_first, close_gap
 from planner.search.units import Candidate, Unit, UnitContext, coverage_rank, mixed_lengths, solve_unit
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -303,7 +303,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             if candidates:
                 # where the chains run whatever the gap, they (and the grid) run before refinement,
                 # so that a faster chain sets its goal; else after it, beside the polish
-                early = ["megatron_grid", "chain"] if wants_chains(chains, coverages, classes) else []
+                idle = 1 - min(candidates, key=lambda c: c.step_s).plan.num_gpus / sum(avail)
+                early = (["megatron_grid", "chain"] if wants_chains(chains, coverages, classes, idle_share=idle)
+                         else [])
 
                 def late(gap_open: bool) -> list[str]:
                     return ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes, gap_open) else [])
@@ -312,6 +314,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 cut, seconds = close_gap(ctx, pool, sizes, refine_gap, mode, early, late, deadline)
                 timed_out = cut or timed_out
                 grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
+            elif not timed_out and "exact" not in coverages:
+                grid_s, chain_s, timed_out = beyond_coverage(ctx, pool, sizes, chains, coverages, deadline)
     bounds.extend(su.bound_s for su in ctx.solved)
     # a frontier the deadline cut short leaves poorer plans (the bound holds): work cut short too
     timed_out = timed_out or any(getattr(p, "cut_short", False) for p in providers)
@@ -327,7 +331,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     best = candidates[0]
     for b in sorted(unsolved_sizes):
         bounds.append(_fluid(cost, model, training, classes, b, cluster.allow_cross_node_tp))
-    covered = min(bounds) if bounds else 0.0
+    # no bound at all: no plan of the coverage fits and the plan is an engine candidate's; the
+    # fluid bound holds for every plan
+    covered = min(bounds) if bounds else min(_fluid(cost, model, training, classes, b, cluster.allow_cross_node_tp)
+                                             for b in sizes)
     lower = min(covered, best.step_s)
     gap = best.step_s / lower - 1 if lower > 0 else float("inf")
     pred = best.prediction.model_copy(update={"lower_bound_s": lower, "gap": gap})
@@ -345,7 +352,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     idle = {g: n for g, n in idle.items() if n}
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
     explanation = _explain(plan, pred, idle, coverage)
-    explanation += _outside_coverage(plan, coverage)
+    explanation += _outside_coverage(plan, coverage) if bounds else []
+    if not bounds:
+        explanation.append(f"no plan of the covered space ({coverage}) fits: this plan lies outside it, and the "
+                           "lower bound is the fluid one (every layer's work spread over every GPU at its best "
+                           "efficiency), valid for every plan")
     if best.step_s < covered:
         explanation.append(f"the lower bound of the covered space ({coverage}) is {covered:.4f} s, above this "
                            "plan's step: the plan lies outside that space and beats every plan in it, so the "

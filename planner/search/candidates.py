@@ -11,6 +11,8 @@ the blocks coverage caps). Their plans may lie outside the bound's coverage;
 
 from __future__ import annotations
 
+import math
+
 from planner.plan import Plan, Prediction
 from planner.search.space import ResourceClass
 from planner.search.units import Candidate, UnitContext, coverage_rank
@@ -40,7 +42,7 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
 def add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, stat: str) -> None:
     """Add `found` as a candidate when strictly faster than the best plan (a tie adds nothing),
     counted in `stat`."""
-    best = min(c.step_s for c in ctx.candidates)
+    best = min((c.step_s for c in ctx.candidates), default=float("inf"))
     if found is not None and found[1].step_s < best:
         plan, pred = found
         ctx.candidates.append(Candidate(pred.step_s, plan, pred, plan.micro_batch))
@@ -51,18 +53,24 @@ CHAIN_MAX_DP = 128  # partition DPs of the chain candidate: its most promising c
 CHAIN_DEEP_DP = 512  # ... where the best plan's tail is at least CHAIN_TAIL_SHARE of its step
 CHAIN_TAIL_SHARE = 0.05
 CHAIN_MAX_GPUS = 64  # "auto" pools: above, many pipelines mix GPU types in the LP instead
+CHAIN_IDLE_SHARE = 0.1  # ... or pools of any size whose best plan leaves this share of GPUs idle
 
 
-def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass], gap_open: bool = False) -> bool:
+def wants_chains(chains: str, coverages: set[str], classes: list[ResourceClass], gap_open: bool = False,
+                 idle_share: float = 0.0) -> bool:
     """Whether the mesh-chain candidate runs: "auto" on pools of at most `CHAIN_MAX_GPUS` GPUs
     where the blocks coverage leaves out some pipelines (more GPU classes than its runs, or mixed
     pipelines capped in length), or where refinement left the gap above its target (`gap_open`:
     the chains are costed with their real tails, which the split frontiers leave out). On the
     ladder pools of 128-16,384 GPUs it took 1.0-2.8 s and never won (`benchmarks/search_scale.py
-    --chains always`); on random pools of 4-36 GPUs it won up to 5.5 % (`benchmarks/chain_check.py`)."""
+    --chains always`); on random pools of 4-36 GPUs it won up to 5.5 % (`benchmarks/chain_check.py`).
+    On pools of any size also where the best plan leaves at least `CHAIN_IDLE_SHARE` of the GPUs
+    idle (`idle_share`): pipelines of at most two runs cannot put them to work, chains of more runs
+    may. Llama-2 70B at 4,096 tokens on 206 GPUs of seven types (`tests/test_beyond_coverage.py`): the
+    coverage's best plan ran 64 GPUs at 85.5 s per step, a chain runs 184 at 30.5 s."""
     if chains == "never" or not coverages or "exact" in coverages:
         return False
-    if chains == "always":
+    if chains == "always" or idle_share >= CHAIN_IDLE_SHARE:
         return True
     narrowest = min(coverages, key=coverage_rank)
     left_out = coverage_rank(narrowest)[0] < len(classes) or "mixed<=" in narrowest
@@ -87,9 +95,16 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     sync over fewer replicas, and the bounds that order the queue count only the least tail any
     split of a chain can have, so such chains may come late. On `chain_check.py --seed 23` two
     pools with tails of 7-16 % of the step got chains 1.3 and 2.3 % faster than with 128 DPs; the
-    candidate took 0.7-2.4 s there instead of 0.2-0.5 s (one run each, beside another search)."""
+    candidate took 0.7-2.4 s there instead of 0.2-0.5 s (one run each, beside another search).
+
+    With no plan to beat (`cutoff_s` infinite: no plan of the coverage fits) every chain is
+    searched, so that "fits nowhere" holds for them too: Llama-2 70B at 8,192 tokens on 206 GPUs of
+    seven types has no plan of two-run pipelines, and its first chain that fits lies past the 128
+    most promising DPs (a 89.3 s step on 184 GPUs, 21 s of chain search)."""
     from planner.search.flagscale_grid import best_flagscale_plan
 
+    if math.isinf(cutoff_s):  # no plan yet (`api.search`): every chain, as `--target flagscale`
+        return best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, grid=False)
     budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP
     return best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s,
                                max_dp=budget, grid=False)

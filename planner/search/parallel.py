@@ -342,8 +342,8 @@ class UnitPool:
                      ) -> tuple[list, list[tuple[tuple, bool]]]:
         """The engine candidates' task outs, and the polishes' with whether each ran in a worker
         process; the polishes `speculate` left are taken from there (each once)."""
-        top = min(self.ctx.candidates, key=lambda c: c.step_s)
-        best, share = top.step_s, top.prediction.tail_s / top.step_s
+        top = min(self.ctx.candidates, key=lambda c: c.step_s, default=None)  # none: no cutoff
+        best, share = (top.step_s, top.prediction.tail_s / top.step_s) if top else (float("inf"), 0.0)
         left, self._ahead = self._ahead, {}  # used once: a polish left over is of a state gone by
         keys = [self._polish_key(su, best, deadline) for su in sus]
         ahead = {k: left[k][1] for k, su in zip(keys, sus) if k in left and left[k][0] is su.lb_set}

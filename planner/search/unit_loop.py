@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from planner.search.candidates import FLOOR_ENGINES, add_if_faster
+from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
 from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
 from planner.search.units import REFINE_RATIOS, SolvedUnit, Unit, UnitContext, skip_units
 
@@ -270,3 +270,20 @@ def _take(ctx: UnitContext, engines: list[str], found: list[tuple[object, float]
         add_if_faster(ctx, plan, f"{name}_added")
         seconds[name] = spent
     return seconds
+
+
+def beyond_coverage(ctx: UnitContext, pool: UnitPool, sizes: list[int], chains: str, coverages: set[str],
+                     deadline: float | None) -> tuple[float, float, bool]:
+    """Where no plan of the coverage fits (pipelines of at most its runs), the engine candidates
+    before `api.search` says the model fits nowhere: every mesh chain (pipelines of any number of
+    runs; unless `chains` is "never"), then the Megatron grids under the chain's plan as cutoff.
+    Llama-2 70B at 8,192 tokens on 206 GPUs of seven types: no two-run plan fits, a chain of
+    89.3 s does; the grids then took 0.2 s, against 25-36 s without a cutoff. Their seconds, and
+    whether the deadline passed with no plan (the grids are left out then)."""
+    chain_s = grid_s = 0.0
+    if wants_chains(chains, coverages, ctx.classes, idle_share=1.0):  # with no plan every GPU is idle
+        chain_s = run_engines(ctx, pool, ["chain"], sizes, deadline)["chain"]
+    if not ctx.candidates and deadline is not None and time.perf_counter() > deadline:
+        return grid_s, chain_s, True
+    grid_s = run_engines(ctx, pool, ["megatron_grid"], sizes, deadline)["megatron_grid"]
+    return grid_s, chain_s, False

@@ -1,0 +1,65 @@
+"""Pools whose blocks coverage (pipelines of at most two runs of stage groups) leaves GPUs idle or
+holds no plan at all: the mesh chains (pipelines of any number of runs) run there whatever the
+pool's size, and "fits nowhere" is said only once they and the Megatron grids found nothing
+(`candidates.wants_chains`'s `idle_share`, `unit_loop.beyond_coverage`)."""
+
+from __future__ import annotations
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.evaluate import evaluate
+from planner.search import search
+from planner.search.candidates import CHAIN_IDLE_SHARE, wants_chains
+from planner.search.space import resource_classes
+from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
+from planner.specs.models import get_model
+from planner.validate import violations
+
+COST = AnalyticCostModel()
+SEVEN = [("V100-SXM2-32GB", 16, 1), ("T4", 8, 8), ("A100-SXM4-80GB", 2, 4), ("RTX-4090", 3, 2),
+         ("RTX-3090", 16, 4), ("V100-SXM2-16GB", 2, 8), ("L4", 4, 8)]  # 206 GPUs, 4,273 GiB
+
+
+def _seven_types() -> ClusterSpec:
+    return ClusterSpec(nodes=[NodeGroup(gpu=g, nodes=n, gpus_per_node=k) for g, n, k in SEVEN])
+
+
+def test_idle_gpus_open_the_chains_on_pools_of_any_size() -> None:
+    big = resource_classes(_seven_types())
+    assert not wants_chains("auto", {"blocks<=2"}, big)
+    assert not wants_chains("auto", {"blocks<=2"}, big, idle_share=CHAIN_IDLE_SHARE / 2)
+    assert wants_chains("auto", {"blocks<=2"}, big, idle_share=CHAIN_IDLE_SHARE)
+    assert not wants_chains("never", {"blocks<=2"}, big, idle_share=1.0)
+    assert not wants_chains("auto", {"exact"}, big, idle_share=1.0)
+
+
+def _checked(res, cluster: ClusterSpec) -> None:
+    assert not violations(res.plan, cluster, COST)
+    assert abs(evaluate(res.plan, cluster, COST).step_s - res.prediction.step_s) <= 1e-9 * res.prediction.step_s
+    assert res.lower_bound_s <= res.prediction.step_s
+
+
+def test_a_pool_the_coverage_leaves_mostly_idle_gets_a_chain() -> None:
+    """Llama-2 70B at 4,096 tokens, global batch 128, on 206 GPUs of seven types: the best plan of
+    two-run pipelines runs 64 GPUs at 85.5 s per step (the model states need 1,156 GiB; few pairs of
+    types hold them). More than a tenth of the pool idle, the chains run although the pool has
+    more than 64 GPUs: one of five runs on 184 GPUs at 30.5 s."""
+    cluster = _seven_types()
+    res = search(get_model("llama2-70b"), cluster, TrainingSpec(global_batch=128, seq_len=4096), cost=COST,
+                 workers=2)
+    _checked(res, cluster)
+    assert res.stats["chain_added"] == 1
+    assert res.prediction.step_s < 0.5 * res.coverage_bound_s  # the coverage's bound: 85.47 s
+    assert res.plan.num_gpus >= 150
+
+
+def test_no_plan_of_the_coverage_is_not_fits_nowhere() -> None:
+    """At 8,192 tokens no plan of two-run pipelines fits at all; the search used to say the model
+    fits nowhere. Every mesh chain is searched then: one of 89.3 s on 184 GPUs. Its bound is the
+    fluid one, valid for every plan (the coverage has none to bound), and the explanation says so."""
+    cluster = _seven_types()
+    res = search(get_model("llama2-70b"), cluster, TrainingSpec(global_batch=128, seq_len=8192), cost=COST,
+                 workers=2)
+    _checked(res, cluster)
+    assert res.stats["chain_added"] == 1 and res.coverage_bound_s is None
+    assert 0 < res.lower_bound_s < res.prediction.step_s and res.gap > 0
+    assert any(line.startswith("no plan of the covered space") for line in res.explanation)
