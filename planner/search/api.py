@@ -241,7 +241,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     grid_s = chain_s = 0.0  # seconds spent on the Megatron-grid and the mesh-chain candidates
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
-                "units_split": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
+                "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)

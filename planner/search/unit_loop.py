@@ -13,7 +13,7 @@ import numpy as np
 
 from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
 from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
-from planner.search.units import REFINE_RATIOS, SolvedUnit, Unit, UnitContext, skip_units
+from planner.search.units import REFINE_RATIOS, SolvedUnit, Unit, UnitContext, lift_unit, skip_units
 
 Progress = Callable[[float, str], None]
 
@@ -68,13 +68,17 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
     return timed_out
 
 
+MAX_LIFTS = 48  # units `refine` lifts to whole pipelines' bounds: a cap on the refinement lifts expose
+
+
 def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> bool:
     """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
     tightened further, or the deadline passes (then True: the time limit left the gap where it
     is). A unit is first refined with tail-capped frontiers (`units.refine_unit`, two units at a
     time); a wide replica class is then split (`UnitPool.split`: tails costed for more pipelines),
     a narrow one only once refined at every ratio but the last (`_finer_first`); a single count is
-    refined again with finer tail levels (`units.REFINE_RATIOS`)."""
+    refined again with finer tail levels (`units.REFINE_RATIOS`); the lowest unit refined as far
+    as that goes gets the bound of whole pipelines (`units.lift_unit`), once."""
     best = min(c.step_s for c in ctx.candidates)
     while ctx.solved:
         lowest = min(su.bound_s for su in ctx.solved)
@@ -87,7 +91,14 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
         open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s) if best > (1 + target) * su.bound_s
                       and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
         if not open_units or open_units[0].bound_s > lowest:
-            return False  # the lowest bound is tightened as far as it goes
+            # tightened as far as tail levels go: then as far as whole pipelines go, `MAX_LIFTS`
+            # units at most
+            stuck = [su for su in ctx.solved if su.bound_s == lowest and not su.lifted]
+            if not stuck or ctx.explored.get("units_lifted", 0) >= MAX_LIFTS:
+                return False
+            lift_unit(min(stuck, key=lambda su: (su.unit.b, su.unit.lo)), ctx, best / (1 + target), deadline)
+            ctx.explored["units_lifted"] = ctx.explored.get("units_lifted", 0) + 1
+            continue
         low = open_units[0]
         if low.ratio is not None and low.unit.lo < low.unit.hi and not _finer_first(low):
             pool.split(low)

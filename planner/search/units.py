@@ -28,6 +28,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
 from solvers.assign_lp import lp_support, pipeline_time_bound, solve_assignment_lp
+from solvers.integral_bound import integral_bound
 
 
 RESOLVES = 3  # re-solves of a unit's plan with tails costed for the pipeline count it chose
@@ -107,6 +108,7 @@ class SolvedUnit:
     lb_set: list[Template] | PackedTemplates
     ratio: float | None = None
     polished: tuple[float | None] | None = None  # (ratio,) when its plan was last polished
+    lifted: bool = False  # its bound raised to what whole pipelines allow (`lift_unit`)
 
     def polish_due(self) -> bool:
         """Whether polishing would start from bound templates not polished from yet: never
@@ -211,6 +213,26 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
             _add_candidate(exact_set, again, u, ctx)
             copies = int(sum(again.counts))
     return unit.truncated or unit.timed_out or resolves_cut or getattr(provider, "truncated", False)
+
+
+def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float | None = None) -> None:
+    """Raise a unit's bound from its LP's to what whole pipelines of its bound templates allow
+    (`solvers.integral_bound`), up to `goal_s`: for a unit refinement has tightened as far as tail
+    levels go while the gap stays open, which on pools of many GPU types is mostly the LP's
+    fractions of pipelines. GPT-3 6.7B on 182 GPUs of seven types (`benchmarks/many_types.py
+    --seed 1` pool 14): six pipelines bounded at 1.4387 s by the LP, 1.506 s so (3-5 s of
+    CP-SAT checks), the best plan 1.5093 s. Its templates are the ones the LP bound holds for, so
+    the bound holds for every plan of the unit too."""
+    su.lifted = True
+    lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
+    if not lb_set or su.bound_s >= goal_s:
+        return
+    overhead = ctx.cost.knobs.step_overhead_s
+    unit = SolverStats()
+    p = _problem(lb_set, ctx.avail, su.unit.microbatches, (su.unit.lo, su.unit.hi))
+    bound = integral_bound(p, su.bound_s - overhead, goal_s - overhead, deadline=deadline, stats=unit)
+    ctx.stats.ilp_solves += unit.ilp_solves
+    su.bound_s = max(su.bound_s, (bound + overhead) * (1 - 1e-9))
 
 
 def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,

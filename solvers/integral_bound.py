@@ -1,0 +1,70 @@
+"""A lower bound on a template assignment from whole copy counts, where the LP's fractional ones sit low.
+
+`assign_lp` bounds an assignment problem (`solvers.assign.AssignProblem`) by its LP relaxation:
+fractions of pipelines may fill the GPUs each type leaves over. On pools of many GPU types that
+relaxation can sit far below every plan: GPT-3 6.7B on 182 GPUs of seven types
+(`benchmarks/many_types.py --seed 1`, pool 14), one unit of six pipelines bounded at 1.4387 s by
+the LP, 1.537 s by the exact integer optimum over the same templates (`solvers.assign`, 12.8 s:
+every tail level solved), the best plan 1.6005 s.
+
+This bound asks one question per trial time T: can whole copies of the templates finish a step
+in less than T? A copy's step is its pipeline time plus the largest tail of the templates used,
+so a template with A + E >= T is in no such plan, and the tails E of the others are cut into at
+most `buckets` ranges [e_lo, e_hi] of consecutive distinct values. A plan below T whose largest
+tail lies in a range runs only templates with E <= e_hi, each copy in pipeline time below
+T - e_lo; so if no whole copy counts of those templates reach the microbatches at pipeline time
+T - e_lo (`solvers.assign._check`: capacity bounds, a greedy answer, then CP-SAT), for every
+range, no plan is below T. Bisection on T between a proven bound and a goal returns the largest
+T so proven (to `rel_tol`). An integer program that stops at its time limit proves nothing: the
+bisection treats T as reachable, so the bound stays valid whatever the time limit cuts.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from solvers.assign import AssignProblem, SolverStats, _check, _Groups
+
+
+def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, stats: SolverStats,
+                 groups: _Groups) -> bool:
+    """Whether no whole copy counts finish a step below t (module doc)."""
+    tails = np.unique(p.e_s[p.a_s + p.e_s < t])
+    if not len(tails):
+        return True
+    for part in np.array_split(tails, min(buckets, len(tails))):
+        timed_out = stats.timed_out
+        stats.timed_out = False
+        found = _check(p, p.e_s <= part[-1], t - part[0], "cpsat", time_limit_s, stats, groups)
+        cut, stats.timed_out = stats.timed_out, timed_out or stats.timed_out
+        if found is not None or cut:
+            return False
+    return True
+
+
+def integral_bound(p: AssignProblem, proven_s: float, goal_s: float, rel_tol: float = 1e-3, buckets: int = 16,
+                   time_limit_s: float = 10.0, max_checks: int = 200, deadline: float | None = None,
+                   stats: SolverStats | None = None) -> float:
+    """The largest T in [proven_s, goal_s], to `rel_tol` of goal_s, such that no whole copy counts
+    finish a step (pipeline time + largest tail) below T; `proven_s` must be a valid bound already
+    (the LP's). goal_s itself when it is proven at once. The bisection stops early, at the last T
+    proven, after `max_checks` feasibility checks (a fixed amount of work: the same bound each
+    run) or past `deadline` (time.perf_counter())."""
+    stats = stats or SolverStats()
+    if goal_s <= proven_s:
+        return proven_s
+    groups = _Groups.of_problem(p)
+    if _unreachable(p, goal_s, buckets, time_limit_s, stats, groups):
+        return goal_s
+    lo, hi = proven_s, goal_s
+    while hi - lo > rel_tol * goal_s and stats.feasibility_checks < max_checks:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        mid = (lo + hi) / 2
+        if _unreachable(p, mid, buckets, time_limit_s, stats, groups):
+            lo = mid
+        else:
+            hi = mid
+    return lo
