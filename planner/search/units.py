@@ -220,9 +220,10 @@ def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float |
     (`solvers.integral_bound`), up to `goal_s`: for a unit refinement has tightened as far as tail
     levels go while the gap stays open, which on pools of many GPU types is mostly the LP's
     fractions of pipelines. GPT-3 6.7B on 182 GPUs of seven types (`benchmarks/many_types.py
-    --seed 1` pool 14): six pipelines bounded at 1.4387 s by the LP, 1.506 s so (3-5 s of
-    CP-SAT checks), the best plan 1.5093 s. Its templates are the ones the LP bound holds for, so
-    the bound holds for every plan of the unit too."""
+    --seed 1` pool 14): the lowest unit, six pipelines, bounded at 1.4387 s by the LP, reaches the
+    goal (the 1.5093 s plan / 1.015) so, as do the units below it in turn: gap 1.50 % instead of
+    4.91 %. Its templates are the ones the LP bound holds for, so the bound holds for every plan
+    of the unit too."""
     su.lifted = True
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
     if not lb_set or su.bound_s >= goal_s:
