@@ -75,7 +75,7 @@ def _ub_counts(p: AssignProblem) -> np.ndarray:
 
 
 def _feasible_cpsat(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, time_limit_s: float | None,
-                    stats: SolverStats) -> np.ndarray | None:
+                    stats: SolverStats, work_s: float | None = None) -> np.ndarray | None:
     from ortools.sat.python import cp_model
 
     idx = [i for i in range(len(caps)) if caps[i] > 0 and ub[i] > 0]
@@ -98,6 +98,8 @@ def _feasible_cpsat(p: AssignProblem, caps: np.ndarray, ub: np.ndarray, time_lim
     solver.parameters.random_seed = 0
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    if work_s is not None:  # CP-SAT's deterministic time: the same stop on every run
+        solver.parameters.max_deterministic_time = work_s
     stats.ilp_solves += 1
     status = solver.Solve(model)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -246,8 +248,9 @@ def _surely_infeasible(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> bo
 
 
 def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_limit_s: float | None,
-           stats: SolverStats, groups: _Groups) -> np.ndarray | None:
-    """Copy counts whose capacities at pipeline time t reach M, or None if there are none."""
+           stats: SolverStats, groups: _Groups, work_s: float | None = None) -> np.ndarray | None:
+    """Copy counts whose capacities at pipeline time t reach M, or None if there are none (or, with
+    `stats.timed_out` set, none found within the time limit or CP-SAT's `work_s`)."""
     stats.feasibility_checks += 1
     ub = _ub_counts(p)
     caps = _caps(p, allowed, t)
@@ -258,7 +261,7 @@ def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_l
     if quick is not None:
         return quick
     if backend == "cpsat":
-        return _feasible_cpsat(p, caps, ub, time_limit_s, stats)
+        return _feasible_cpsat(p, caps, ub, time_limit_s, stats, work_s)
     return _feasible_pulp(p, caps, ub, time_limit_s, stats, backend)
 
 

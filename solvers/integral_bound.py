@@ -28,8 +28,8 @@ import numpy as np
 from solvers.assign import AssignProblem, SolverStats, _check, _Groups
 
 
-def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, stats: SolverStats,
-                 groups: _Groups) -> bool:
+def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, work_s: float,
+                 stats: SolverStats, groups: _Groups) -> bool:
     """Whether no whole copy counts finish a step below t (module doc)."""
     tails = np.unique(p.e_s[p.a_s + p.e_s < t])
     if not len(tails):
@@ -37,7 +37,7 @@ def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, 
     for part in np.array_split(tails, min(buckets, len(tails))):
         timed_out = stats.timed_out
         stats.timed_out = False
-        found = _check(p, p.e_s <= part[-1], t - part[0], "cpsat", time_limit_s, stats, groups)
+        found = _check(p, p.e_s <= part[-1], t - part[0], "cpsat", time_limit_s, stats, groups, work_s)
         cut, stats.timed_out = stats.timed_out, timed_out or stats.timed_out
         if found is not None or cut:
             return False
@@ -45,25 +45,27 @@ def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, 
 
 
 def integral_bound(p: AssignProblem, proven_s: float, goal_s: float, rel_tol: float = 1e-3, buckets: int = 16,
-                   time_limit_s: float = 10.0, max_checks: int = 200, deadline: float | None = None,
-                   stats: SolverStats | None = None) -> float:
+                   time_limit_s: float = 10.0, work_s: float = 0.2, max_checks: int = 64,
+                   deadline: float | None = None, stats: SolverStats | None = None) -> float:
     """The largest T in [proven_s, goal_s], to `rel_tol` of goal_s, such that no whole copy counts
     finish a step (pipeline time + largest tail) below T; `proven_s` must be a valid bound already
-    (the LP's). goal_s itself when it is proven at once. The bisection stops early, at the last T
-    proven, after `max_checks` feasibility checks (a fixed amount of work: the same bound each
-    run) or past `deadline` (time.perf_counter())."""
+    (the LP's). goal_s itself when it is proven at once. Each CP-SAT model stops after `work_s`
+    of its deterministic time (`time_limit_s` of wall time at most) and the bisection, at the last
+    T proven, after `max_checks` feasibility checks: a fixed amount of work, the same bound each
+    run (one lift on a 44-GPU pool had taken 95 s for nothing with 10 s models and 200 checks);
+    or past `deadline` (time.perf_counter())."""
     stats = stats or SolverStats()
     if goal_s <= proven_s:
         return proven_s
     groups = _Groups.of_problem(p)
-    if _unreachable(p, goal_s, buckets, time_limit_s, stats, groups):
+    if _unreachable(p, goal_s, buckets, time_limit_s, work_s, stats, groups):
         return goal_s
     lo, hi = proven_s, goal_s
     while hi - lo > rel_tol * goal_s and stats.feasibility_checks < max_checks:
         if deadline is not None and time.perf_counter() > deadline:
             break
         mid = (lo + hi) / 2
-        if _unreachable(p, mid, buckets, time_limit_s, stats, groups):
+        if _unreachable(p, mid, buckets, time_limit_s, work_s, stats, groups):
             lo = mid
         else:
             hi = mid
