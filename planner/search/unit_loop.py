@@ -92,12 +92,18 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
                       and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
         if not open_units or open_units[0].bound_s > lowest:
             # tightened as far as tail levels go: then as far as whole pipelines go, `MAX_LIFTS`
-            # units at most
+            # units at most, and only while each lift closes its unit (reaches the goal): past a
+            # unit it leaves open, the units it exposes cost more refinement than the gap gains
+            # (`many_types.py --seed 1` pool 23: 180 units refined instead of 18, 5.0 -> 4.4 %)
             stuck = [su for su in ctx.solved if su.bound_s == lowest and not su.lifted]
             if not stuck or ctx.explored.get("units_lifted", 0) >= MAX_LIFTS:
                 return False
-            lift_unit(min(stuck, key=lambda su: (su.unit.b, su.unit.lo)), ctx, best / (1 + target), deadline)
+            low = min(stuck, key=lambda su: (su.unit.b, su.unit.lo))
+            goal = best / (1 + target)
+            lift_unit(low, ctx, goal, deadline)
             ctx.explored["units_lifted"] = ctx.explored.get("units_lifted", 0) + 1
+            if low.bound_s < goal * (1 - 1e-6):
+                return False
             continue
         low = open_units[0]
         if low.ratio is not None and low.unit.lo < low.unit.hi and not _finer_first(low):
