@@ -68,7 +68,7 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
     return timed_out
 
 
-MAX_LIFTS = 48  # units `refine` lifts to whole pipelines' bounds: a cap on the refinement lifts expose
+MAX_LIFTS = 48  # units `refine` lifts to whole pipelines' bounds (a cap on the refinement lifts expose)
 
 
 def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> bool:
