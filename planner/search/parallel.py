@@ -179,16 +179,16 @@ def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float
     return mine.bound_s, local.stats.ilp_solves, _packed(mine.lb_set)
 
 
-def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None]
-                 ) -> tuple[list, int, int, bool]:
+def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None,
+                                 float | None]) -> tuple[list, int, int, bool]:
     """Polish one solved unit's plan (`units.polish_unit`) against `incumbent_s`: its candidates,
     LP solves, templates pruned and whether the deadline cut it short."""
     assert _SEARCH is not None
-    index, lo, hi, bound_s, lb_set, incumbent_s, deadline = args
+    index, lo, hi, bound_s, lb_set, incumbent_s, deadline, whole_gap = args
     local = replace(_SEARCH.ctx, candidates=[], stats=SolverStats())
     u = _unit(index, lo, hi)
     pruned = u.provider.stats.pruned
-    cut = polish_unit(SolvedUnit(bound_s, u, lb_set), local, incumbent_s, deadline)
+    cut = polish_unit(SolvedUnit(bound_s, u, lb_set), local, incumbent_s, deadline, whole_gap)
     return local.candidates, local.stats.ilp_solves, u.provider.stats.pruned - pruned, cut
 
 
@@ -301,15 +301,16 @@ class UnitPool:
         """Whether tasks run in worker processes (else in turn, in this process)."""
         return self._pool is not None or _can_fork(self.workers, 2)
 
-    def finish(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
-               ) -> tuple[list[tuple[object, float]], bool]:
+    def finish(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None,
+               whole_gap: float | None = None) -> tuple[list[tuple[object, float]], bool]:
         """Re-solve a batch of units' plans with tail-capped plan templates (`units.polish_unit`)
         and run the named engine candidates, all in one batch of tasks and each against the best
         plan known now (the engine candidates also get its tail's share of its step). Polished plans
         join the candidates in batch order; the engine candidates' (plan or None, seconds) are
         returned, in `engines` order, for the caller to take, with whether the deadline cut a
-        polish short. A polish `speculate` already ran with the same arguments is not run again."""
-        engine_outs, polish_outs = self._finish_outs(sus, engines, sizes, deadline)
+        polish short. A polish `speculate` already ran with the same arguments is not run again.
+        `whole_gap`: the polishes also search whole copies where that gap is open (`units.polish_unit`)."""
+        engine_outs, polish_outs = self._finish_outs(sus, engines, sizes, deadline, whole_gap)
         cut = False
         for su, ((found, solves, pruned, polish_cut), forked) in zip(sus, polish_outs):
             self.ctx.candidates.extend(found)
@@ -319,8 +320,8 @@ class UnitPool:
             cut = cut or polish_cut
         return engine_outs, cut
 
-    def speculate(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
-                  ) -> list[tuple[object, float]]:
+    def speculate(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None,
+                  whole_gap: float | None = None) -> list[tuple[object, float]]:
         """Run the engine candidates (their outs returned, as `finish` does) and, beside them, the
         polish of `sus` against the best plan now, keeping its outs unmerged for a later `finish`
         that asks for the same polish (same unit, bound, templates, best plan and deadline: the
@@ -330,30 +331,31 @@ class UnitPool:
         has the same arguments unless they found a faster plan. In worker processes only."""
         assert self.parallel
         best = min(c.step_s for c in self.ctx.candidates)
-        engine_outs, polish_outs = self._finish_outs(sus, engines, sizes, deadline)
-        self._ahead = {self._polish_key(su, best, deadline): (su.lb_set, out) for su, out in zip(sus, polish_outs)}
+        engine_outs, polish_outs = self._finish_outs(sus, engines, sizes, deadline, whole_gap)
+        self._ahead = {self._polish_key(su, best, deadline, whole_gap): (su.lb_set, out)
+                       for su, out in zip(sus, polish_outs)}
         return engine_outs
 
-    def _polish_key(self, su: SolvedUnit, best: float, deadline: float | None) -> tuple:
+    def _polish_key(self, su: SolvedUnit, best: float, deadline: float | None, whole_gap: float | None) -> tuple:
         """A polish task's arguments but its templates (compared by identity, `_finish_outs`)."""
-        return (self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, best, deadline)
+        return (self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, best, deadline, whole_gap)
 
-    def _finish_outs(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None
-                     ) -> tuple[list, list[tuple[tuple, bool]]]:
+    def _finish_outs(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None,
+                     whole_gap: float | None) -> tuple[list, list[tuple[tuple, bool]]]:
         """The engine candidates' task outs, and the polishes' with whether each ran in a worker
         process; the polishes `speculate` left are taken from there (each once)."""
         top = min(self.ctx.candidates, key=lambda c: c.step_s, default=None)  # none: no cutoff
         best, share = (top.step_s, top.prediction.tail_s / top.step_s) if top else (float("inf"), 0.0)
         left, self._ahead = self._ahead, {}  # used once: a polish left over is of a state gone by
-        keys = [self._polish_key(su, best, deadline) for su in sus]
+        keys = [self._polish_key(su, best, deadline, whole_gap) for su in sus]
         ahead = {k: left[k][1] for k, su in zip(keys, sus) if k in left and left[k][0] is su.lb_set}
         todo = [su for k, su in zip(keys, sus) if k not in ahead]
         # the engine candidates first: each is usually longer than a polish, and one started last
         # leaves the other worker idle (1,024-GPU ladder rung: the Megatron grid's 0.75 s after
         # a 0.37 s polish, beside a 0.5 s one)
         tasks = [("engine", name, sizes, best, share) for name in engines] + [
-            ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline)
-            for su in todo]
+            ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline,
+             whole_gap) for su in todo]
         outs, forked = self._map(_finish_task, tasks) if tasks else ([], False)
         ran = iter((out, forked) for out in outs[len(engines):])
         polish = [ahead[k] if k in ahead else next(ran) for k in keys]

@@ -186,12 +186,12 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
         return batch
 
     batch = next_batch()
-    engine_found, cut = pool.finish(batch, engines, sizes, deadline) if batch or engines else ([], False)
+    engine_found, cut = pool.finish(batch, engines, sizes, deadline, target) if batch or engines else ([], False)
     while batch:
         ctx.explored["units_polished"] += len(batch)
         batch = next_batch()
         if batch:
-            cut = pool.finish(batch, [], sizes, deadline)[1] or cut
+            cut = pool.finish(batch, [], sizes, deadline, target)[1] or cut
     return timed_out or cut, _take(ctx, engines, engine_found)
 
 
@@ -250,7 +250,7 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
             # beside them, the polish batch `finish` would take next if they find nothing faster
             # (then the polish below takes its outs instead of running it again; the same answer)
             first, _ = _next_polish(polish_order(ctx, target or 0.0, polish), min(c.step_s for c in ctx.candidates))
-            seconds = _take(ctx, early, pool.speculate(first, early, sizes, deadline))
+            seconds = _take(ctx, early, pool.speculate(first, early, sizes, deadline, target or 0.0))
         else:
             seconds = run_engines(ctx, pool, early, sizes, deadline)
     if target is not None:

@@ -29,6 +29,7 @@ from planner.specs.training import TrainingSpec
 from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
 from solvers.assign_lp import lp_support, pipeline_time_bound, solve_assignment_lp
 from solvers.integral_bound import integral_bound
+from solvers.integral_plan import integral_plan
 
 
 RESOLVES = 3  # re-solves of a unit's plan with tails costed for the pipeline count it chose
@@ -315,14 +316,18 @@ def _with_other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]
     return groups | {g for g in present if frozenset(g) in kinds}
 
 
-def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> bool:
+def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,
+                whole_gap: float | None = None) -> bool:
     """Re-solve a unit's plan with tail-capped plan templates added (`TailPlans`) for the rows
     near (`tail_plans.nearby_rows`) the skeletons its bound leans on and those its plan LP reaches
     the incumbent with, adding the plan. For when the gap target is missed or tails weigh heavily
     (`unit_loop.finish`): refining the bound cannot help where tail-blind stage options made the
     plan slow. (Whole skeleton groups, as before, took 12 % more search time on 40 random pools,
-    with the same plan on 39: docs/search.md, "Plan polish".) True when `deadline` cut it short
-    (not started, or its LP stopped early), so the search can say its time limit cut work."""
+    with the same plan on 39: docs/search.md, "Plan polish".) Where the incumbent is more than
+    `whole_gap` above this problem's LP bound, whole copies of its templates are searched too
+    (`solvers.integral_plan`): the LP's rounding can sit far above the best whole plan on pools
+    of many GPU types. True when `deadline` cut it short (not started, or its LP stopped early),
+    so the search can say its time limit cut work."""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
         return False
@@ -351,15 +356,21 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     pipe = pipeline_time_bound(plan_problem, ctx.stats)
     extra = provider.tail_plan_templates(u.lo, nearby_rows(skeletons - {None}),
                                          e_cap=incumbent_s - overhead - (pipe or 0.0))
-    if not extra:
+    if not extra and whole_gap is None:
         return False
     plan_set = plan_set + extra
+    problem = _problem(plan_set, *args)
     unit = SolverStats()
-    sol = solve_assignment_lp(_problem(plan_set, *args), unit, incumbent_s=incumbent_s - overhead,
-                              deadline=deadline)
-    ctx.stats.ilp_solves += unit.ilp_solves
-    if sol is not None and any(sol.counts):
+    sol = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline)
+    if extra and sol is not None and any(sol.counts):  # without extras: the unit's own plan again
         _add_candidate(plan_set, sol, u, ctx)
+    upper = min(incumbent_s - overhead, sol.objective_s if sol is not None and any(sol.counts) else np.inf)
+    if whole_gap is not None and sol is not None and upper > (1 + whole_gap) * sol.bound_s:
+        # whole copies below the rounded plan and the best plan, down to this problem's LP bound
+        found = integral_plan(problem, sol.bound_s, upper, deadline=deadline, stats=unit)
+        if found is not None:
+            _add_candidate(plan_set, found, u, ctx)
+    ctx.stats.ilp_solves += unit.ilp_solves
     return unit.truncated
 
 
