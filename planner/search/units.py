@@ -324,9 +324,9 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     (`unit_loop.finish`): refining the bound cannot help where tail-blind stage options made the
     plan slow. (Whole skeleton groups, as before, took 12 % more search time on 40 random pools,
     with the same plan on 39: docs/search.md, "Plan polish".) Where the incumbent is more than
-    `whole_gap` above this problem's LP bound, whole copies of its templates are searched too
-    (`solvers.integral_plan`): the LP's rounding can sit far above the best whole plan on pools
-    of many GPU types. True when `deadline` cut it short (not started, or its LP stopped early),
+    `whole_gap` above the unit's bound and this problem's LP bound, whole copies of its
+    templates are searched too (`solvers.integral_plan`): the LP's rounding can sit far above
+    the best whole plan on pools of many GPU types. True when `deadline` cut it short (not started, or its LP stopped early),
     so the search can say its time limit cut work."""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
@@ -356,7 +356,9 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     pipe = pipeline_time_bound(plan_problem, ctx.stats)
     extra = provider.tail_plan_templates(u.lo, nearby_rows(skeletons - {None}),
                                          e_cap=incumbent_s - overhead - (pipe or 0.0))
-    if not extra and whole_gap is None:
+    # whole copies only where the incumbent is more than whole_gap above the unit's bound
+    whole = whole_gap is not None and incumbent_s - overhead > (1 + whole_gap) * (su.bound_s - overhead)
+    if not extra and not whole:
         return False
     plan_set = plan_set + extra
     problem = _problem(plan_set, *args)
@@ -365,7 +367,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     if extra and sol is not None and any(sol.counts):  # without extras: the unit's own plan again
         _add_candidate(plan_set, sol, u, ctx)
     upper = min(incumbent_s - overhead, sol.objective_s if sol is not None and any(sol.counts) else np.inf)
-    if whole_gap is not None and sol is not None and upper > (1 + whole_gap) * sol.bound_s:
+    if whole and sol is not None and upper > (1 + whole_gap) * sol.bound_s:
         # whole copies below the rounded plan and the best plan, down to this problem's LP bound
         found = integral_plan(problem, sol.bound_s, upper, deadline=deadline, stats=unit)
         if found is not None:
