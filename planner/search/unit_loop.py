@@ -13,7 +13,7 @@ import numpy as np
 
 from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
 from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
-from planner.search.units import REFINE_RATIOS, SolvedUnit, Unit, UnitContext, lift_unit, skip_units
+from planner.search.units import SolvedUnit, Unit, UnitContext, lift_unit, skip_units
 
 Progress = Callable[[float, str], None]
 
@@ -76,7 +76,7 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     tightened further, or the deadline passes (then True: the time limit left the gap where it
     is). A unit is first refined with tail-capped frontiers (`units.refine_unit`, two units at a
     time); a wide replica class is then split (`UnitPool.split`: tails costed for more pipelines),
-    a narrow one only once refined at every ratio but the last (`_finer_first`); a single count is
+    a narrow one only once refined at every ratio (`_finer_first`); a single count is
     refined again with finer tail levels (`units.REFINE_RATIOS`); the lowest unit refined as far
     as that goes gets the bound of whole pipelines (`units.lift_unit`), once."""
     best = min(c.step_s for c in ctx.candidates)
@@ -119,15 +119,24 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
 
 def _finer_first(su: SolvedUnit) -> bool:
     """Whether a replica class already refined is refined again at its next ratio before it is
-    split: a narrow one (`parallel.narrow_class`) at every ratio but the last. Its tails are costed
-    for its lowest count, and a split leaves that count's part with the class's bound, to be
-    refined again from the coarsest ratio: on `chain_check.py --seed 40` pool 18 (OPT-350M on 56
-    GPUs) [9, 13] was split after the ratio 1.5 and each count refined at 1.5 and 1.15; refined
-    at 1.15 as a class it reached the goal at once (18 units refined against 64, 17 s against
-    38 s). The last ratio is left to the parts: a class that needs it is most often one whose
-    counts do differ (ZeRO shards by the count), and refining [5, 8] at 1.05 before splitting it
-    anyway took 4 s more on `--seed 36` pool 5. A wide class is split after its first ratio."""
-    return narrow_class(su.unit.lo, su.unit.hi) and su.next_ratio() not in (None, REFINE_RATIOS[-1])
+    split: a narrow one (`parallel.narrow_class`), at every ratio. Its tails are costed for its
+    lowest count, and a split leaves that count's part with the class's bound, to be refined
+    again from the coarsest ratio, as is every other part: on `chain_check.py --seed 40` pool 18
+    (OPT-350M on 56 GPUs) [9, 13] was split after the ratio 1.5 and each count refined at 1.5 and
+    1.15; refined at 1.15 as a class it reached the goal at once (18 units refined against 64, 17 s
+    against 38 s). The last ratio had been left to the parts (a class that needs it is often one
+    whose counts do differ: ZeRO shards by the count), but a narrow class of more than
+    `SPLIT_SINGLETONS` counts is split by peeling its top count off, one split each: on
+    `many_types.py --seed 2` pool 22 (OPT-350M, ZeRO-1, on 96 GPUs, every count's bound within 2 %
+    of the plan) refinement peeled [52, 64], [22, 33] and [34, 51] count by count, each count
+    refined at 1.5 and 1.15 and still short of the goal: 200 units refined, 114 s; refined at 1.05
+    as classes first, 25 units, 21 s, the same plan and bound (53 units when only classes of more
+    than `SPLIT_SINGLETONS` counts took 1.05 first). On 49 smaller pools (`chain_check.py` seeds
+    36 and 40, two workers) the same plans in 246.5 s against 245.3 s; `--seed 36` pool 5 took
+    24.1 s against 18.3 s ([5, 8] refined at 1.05 before it is split anyway), pool 8 9.3 s against
+    11.6 s with a lower bound (gap 1.42 % against 1.21 %). A wide class is split after its first
+    ratio."""
+    return narrow_class(su.unit.lo, su.unit.hi) and su.next_ratio() is not None
 
 
 def gap_missed(ctx: UnitContext, target: float) -> bool:
