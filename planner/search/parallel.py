@@ -179,8 +179,8 @@ def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float
     return mine.bound_s, local.stats.ilp_solves, _packed(mine.lb_set)
 
 
-def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None,
-                                 float | None]) -> tuple[list, int, int, bool]:
+def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None, float | None]
+                 ) -> tuple[list, int, int, bool]:
     """Polish one solved unit's plan (`units.polish_unit`) against `incumbent_s`: its candidates,
     LP solves, templates pruned and whether the deadline cut it short."""
     assert _SEARCH is not None
