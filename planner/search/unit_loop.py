@@ -120,22 +120,14 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
 def _finer_first(su: SolvedUnit) -> bool:
     """Whether a replica class already refined is refined again at its next ratio before it is
     split: a narrow one (`parallel.narrow_class`), at every ratio. Its tails are costed for its
-    lowest count, and a split leaves that count's part with the class's bound, to be refined
-    again from the coarsest ratio, as is every other part: on `chain_check.py --seed 40` pool 18
-    (OPT-350M on 56 GPUs) [9, 13] was split after the ratio 1.5 and each count refined at 1.5 and
-    1.15; refined at 1.15 as a class it reached the goal at once (18 units refined against 64, 17 s
-    against 38 s). The last ratio had been left to the parts (a class that needs it is often one
-    whose counts do differ: ZeRO shards by the count), but a narrow class of more than
-    `SPLIT_SINGLETONS` counts is split by peeling its top count off, one split each: on
-    `many_types.py --seed 2` pool 22 (OPT-350M, ZeRO-1, on 96 GPUs, every count's bound within 2 %
-    of the plan) refinement peeled [52, 64], [22, 33] and [34, 51] count by count, each count
-    refined at 1.5 and 1.15 and still short of the goal: 200 units refined, 114 s; refined at 1.05
-    as classes first, 25 units, 21 s, the same plan and bound (53 units when only classes of more
-    than `SPLIT_SINGLETONS` counts took 1.05 first). On 49 smaller pools (`chain_check.py` seeds
-    36 and 40, two workers) the same plans in 246.5 s against 245.3 s; `--seed 36` pool 5 took
-    24.1 s against 18.3 s ([5, 8] refined at 1.05 before it is split anyway), pool 8 9.3 s against
-    11.6 s with a lower bound (gap 1.42 % against 1.21 %). A wide class is split after its first
-    ratio."""
+    lowest count, and a split leaves that count's part with the class's bound while every other
+    part starts again from the coarsest ratio (a class of more than `SPLIT_SINGLETONS` counts
+    peels one count per split): on `chain_check.py --seed 40` pool 18 (OPT-350M on 56 GPUs) [9, 13]
+    refined at 1.15 as a class reached the goal at once (18 units refined against 64, 17 s
+    against 38 s); on `many_types.py --seed 2` pool 22 (OPT-350M, ZeRO-1, 96 GPUs) classes left
+    1.05 to their parts were peeled count by count, 200 units refined, 114 s, against 25 units,
+    21 s, the same plan and bound (docs/search.md, "Bound refinement", for the cost on small
+    pools). A wide class is split after its first ratio."""
     return narrow_class(su.unit.lo, su.unit.hi) and su.next_ratio() is not None
 
 
@@ -177,6 +169,9 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     before the polish as their cutoff and are taken, in
     `engines` order, only when faster than the best plan after it: a looser cutoff changes what
     they may spend, not which plan faster than the final best they find (`candidates`).
+
+    Where the best plan is more than `target` above a polished unit's bound the polish also
+    searches whole copies (`units.polish_unit`), since rounding the LP's can miss them.
 
     Returns whether the deadline stopped the polish before every such unit was polished, and the
     seconds each engine candidate took."""
