@@ -481,7 +481,8 @@ def test_a_deadline_that_leaves_out_engine_candidates_or_a_polish_is_reported() 
         def __init__(self) -> None:
             self.ran: list[list[str]] = []
 
-        def finish(self, sus: list, engines: list[str], sizes: list[int], deadline: float | None) -> tuple:
+        def finish(self, sus: list, engines: list[str], sizes: list[int], deadline: float | None,
+                   whole_gap: float | None = None) -> tuple:
             assert not sus  # no polish past the deadline
             self.ran.append(list(engines))
             return [(None, 0.25) for _ in engines], False
