@@ -50,7 +50,7 @@ def integral_plan(p: AssignProblem, lower_s: float, upper_s: float, rel_tol: flo
     down to `lower_s` (a lower bound, e.g. the LP's) to `rel_tol`; None if none is found. Each
     CP-SAT model stops after `work_s` of its deterministic time (`time_limit_s` of wall time at
     most), the bisection after `max_checks` feasibility checks or past `deadline`
-    (time.perf_counter())."""
+    (time.perf_counter(); then `stats.truncated` is set)."""
     stats = stats or SolverStats()
     groups = _Groups.of_problem(p)
     checks0 = stats.feasibility_checks
@@ -59,6 +59,7 @@ def integral_plan(p: AssignProblem, lower_s: float, upper_s: float, rel_tol: flo
     first = True
     while hi - lo > rel_tol * hi and stats.feasibility_checks - checks0 < max_checks:
         if deadline is not None and time.perf_counter() > deadline:
+            stats.truncated = True  # the time limit cut it: the plan may be poorer than without it
             break
         # first just below `upper_s`, the easiest trial: where even it finds nothing the search
         # ends there (the 64-GPU ladder rung: 64 checks, 3.3 s, for nothing when bisecting at once)

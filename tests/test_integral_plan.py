@@ -58,6 +58,14 @@ def test_whole_copies_where_lp_rounding_misses() -> None:
     assert found.counts == (1, 0) and found.objective_s == pytest.approx(8.25)
 
 
+def test_a_deadline_passed_stops_it_and_says_so() -> None:
+    from solvers.assign import SolverStats
+
+    p = _random_problem(np.random.default_rng(2001))
+    stats = SolverStats()
+    assert integral_plan(p, 0.0, 2 * _oracle(p), deadline=0.0, stats=stats) is None and stats.truncated
+
+
 def test_nothing_below_a_bound_reached() -> None:
     """With the upper step at the optimum there is nothing to find: None, not a plan at it."""
     p = _random_problem(np.random.default_rng(2001))
