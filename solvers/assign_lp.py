@@ -38,6 +38,7 @@ import numpy as np
 
 from solvers.assign import AssignProblem, Assignment, SolverStats, _caps
 from solvers.copy_time import least_time, least_true
+from solvers.count_floor import capacity_with_floor
 from solvers.deal import deal
 from solvers.few_copies import INTEGRAL_COPIES, whole_copies
 from solvers.small_lp import SmallLP
@@ -72,6 +73,7 @@ class _CapacityLP:
     avail: np.ndarray
     max_copies: int
     stats: SolverStats
+    min_copies: int = 0  # plans of the problem have at least this many pipelines (`count_floor`)
 
     def __post_init__(self) -> None:
         order = np.argsort(self.of, kind="stable")
@@ -111,19 +113,24 @@ class _CapacityLP:
         """The integer problem instead of the LP where it is small (`few_copies.whole_copies`):
         copies that fit the GPUs and hold at least `need` microbatches, or None where it does not
         run (the LP's answer then stands)."""
-        found = whole_copies(self.usage, self.avail, self.max_copies, self.pairs, group_caps, need)
+        found = whole_copies(self.usage, self.avail, self.max_copies, self.pairs, group_caps, need,
+                             self.min_copies)
         if found is not None:
             self.stats.ilp_solves += 1
         return found
 
-    def solve(self, group_caps: np.ndarray) -> tuple[float, np.ndarray]:
+    def solve(self, group_caps: np.ndarray, need: float | None = None) -> tuple[float, np.ndarray]:
         """LP optimum and copy counts per group (`solvers.small_lp`, warm-started from the last
-        solve: only the objective changes)."""
+        solve: only the objective changes), under the lower limit on copies (`count_floor`). With
+        `need`, a value below it is all the caller asks (a proof that no plan holds `need`): the
+        limit is then priced only as far as that takes."""
         if not np.any(group_caps > 0):
             return 0.0, np.zeros(len(group_caps))
         if self._lp is None:
             self._lp = SmallLP(self.rows(), np.append(self.avail.astype(float), float(self.max_copies)))
         self.stats.ilp_solves += 1
+        if self.min_copies > 0:
+            return capacity_with_floor(self._lp, group_caps, self.min_copies, need)
         return self._lp.solve(group_caps)
 
 
@@ -165,7 +172,7 @@ def _lp_time(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, hi: float |
     def capacity(t: float) -> tuple[float, np.ndarray]:
         kappa = _kappa(p, allowed, t)
         best, rep = lp.best_per_group(kappa)
-        value, x = lp.solve(best)
+        value, x = lp.solve(best, enough)
         if value >= enough and lp.max_copies <= INTEGRAL_COPIES:  # the LP cannot tell: whole copies
             value, x = lp.solve_integral(best, enough) or (value, x)
         copies = np.zeros(len(kappa))
@@ -225,7 +232,7 @@ def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
     left the gap at 3.6 %."""
     stats = stats or SolverStats()
     usage, of = unique_rows(p.usage)
-    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats, p.replicas[0])
     levels = np.unique(p.e_s[p.e_s < total_s])
     if len(levels) > max_levels:
         levels = levels[np.unique(np.linspace(0, len(levels) - 1, max_levels).round().astype(int))]
@@ -238,7 +245,7 @@ def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
             # slack, for a merged tail range reaching below it)
             kappa = _kappa(p, (p.e_s <= e) & fits, total_s - below + slack * total_s)
             best, rep = lp.best_per_group(kappa)
-            value, x = lp.solve(best)
+            value, x = lp.solve(best, p.microbatches * (1 - 1e-12))
             if value >= p.microbatches * (1 - 1e-12):
                 live = np.flatnonzero((rep >= 0) & (x > 1e-9))
                 used[rep[live]] = True
@@ -415,7 +422,7 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
     level can, the result has no copies (`counts` all zero) and only `bound_s` is meaningful."""
     stats = stats or SolverStats()
     usage, of = unique_rows(p.usage)
-    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
+    lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats, p.replicas[0])
     levels = np.unique(p.e_s)
     fits = joinable(p)
     memo: dict[int, float | None] = {}

@@ -20,10 +20,11 @@ class _TooLong(Exception):
 
 def whole_copies(usage: np.ndarray, avail: np.ndarray, max_copies: int,
                  pairs: Callable[[], tuple[np.ndarray, np.ndarray]], group_caps: np.ndarray,
-                 need: float) -> tuple[float, np.ndarray] | None:
-    """Copies of usage groups (rows of `usage`, groups may repeat, at most `max_copies`) that fit
-    `avail` and hold at least `need` microbatches (`group_caps` per copy of each group), with their
-    total and counts per group, or, if none do, the most any hold (below `need`). On random pools
+                 need: float, min_copies: int = 0) -> tuple[float, np.ndarray] | None:
+    """Copies of usage groups (rows of `usage`, groups may repeat, at least `min_copies` and at
+    most `max_copies`) that fit `avail` and hold at least `need` microbatches (`group_caps` per copy
+    of each group), with their total and counts per group, or, if none do, the most any such copies
+    hold (below `need`; 0 where no `min_copies` copies fit). On random pools
     of 10 and 20 GPUs (`benchmarks/chain_check.py --seed 24`, pools 3 and 7) the lowest bounds were
     of two- to four-pipeline units refined as far as tails go, and the gaps stayed at 2.9 and 3.1 %.
 
@@ -40,7 +41,7 @@ def whole_copies(usage: np.ndarray, avail: np.ndarray, max_copies: int,
     if max_copies <= 2:
         alone = np.where(np.all(usage <= avail, axis=1), group_caps, 0.0)
         one = int(np.argmax(alone))
-        value, pick = float(alone[one]), [one]
+        value, pick = (float(alone[one]), [one]) if min_copies <= 1 else (0.0, [])
         i, j = pairs()
         if max_copies == 2 and i.size:
             both = group_caps[i] + group_caps[j]
@@ -62,9 +63,9 @@ def whole_copies(usage: np.ndarray, avail: np.ndarray, max_copies: int,
         nodes[0] += 1
         if nodes[0] > INTEGRAL_NODES:
             raise _TooLong
-        if value > best[0]:
+        if value > best[0] and len(pick) >= min_copies:
             best[0], best[1] = value, pick
-        if value >= need:
+        if value >= need and len(pick) >= min_copies:
             return True
         if not left:
             return False

@@ -48,20 +48,75 @@ class SmallLP:
                 if not len(candidates):
                     break
                 enter = int(candidates[0])
-            direction = self.inverse @ self.full[:, enter]
-            values = self.inverse @ self.b
-            step = direction > 1e-12 * max(1.0, float(np.max(np.abs(direction))))
-            if not step.any():
-                raise RuntimeError("LP unbounded: a column with positive gain uses no constrained resource")
-            ratios = np.full(self.m, np.inf)
-            ratios[step] = np.maximum(values[step], 0.0) / direction[step]
-            least = float(ratios.min())
-            ties = np.flatnonzero(ratios <= least * (1 + 1e-12) + 1e-300)
-            leave = int(ties[np.argmin(self.basis[ties])])  # Bland: the lowest variable index
-            self.basis[leave] = enter
-            self.inverse = np.linalg.inv(self.full[:, self.basis])
+            self._pivot(enter)
         else:
             raise RuntimeError(f"simplex did not finish in {MAX_PIVOTS} pivots")
         x = np.zeros(self.n + self.m)
         x[self.basis] = np.maximum(self.inverse @ self.b, 0.0)
         return float(cost[:self.n] @ x[:self.n]), x[:self.n]
+
+    def _pivot(self, enter: int) -> None:
+        """Column `enter` into the basis by the ratio test (ties: Bland, the lowest variable index)."""
+        direction = self.inverse @ self.full[:, enter]
+        values = self.inverse @ self.b
+        step = direction > 1e-12 * max(1.0, float(np.max(np.abs(direction))))
+        if not step.any():
+            raise RuntimeError("LP unbounded: a column with positive gain uses no constrained resource")
+        ratios = np.full(self.m, np.inf)
+        ratios[step] = np.maximum(values[step], 0.0) / direction[step]
+        least = float(ratios.min())
+        ties = np.flatnonzero(ratios <= least * (1 + 1e-12) + 1e-300)
+        leave = int(ties[np.argmin(self.basis[ties])])
+        self.basis[leave] = enter
+        self.inverse = np.linalg.inv(self.full[:, self.basis])
+
+    def solve_priced(self, c: np.ndarray, d: np.ndarray, least: float,
+                     need: float | None = None) -> tuple[float, np.ndarray] | None:
+        """max c·x under the constraints and d·x >= `least` (d >= 0), by pricing that row:
+        g(lam) = max (c + lam·d)·x - lam·least bounds the optimum for every lam >= 0 and meets it
+        at its least (strong duality). From the optimal basis for c, lam rises to the next point
+        where a column's reduced cost turns positive, which enters (one pivot: the parametric
+        simplex), until d·x reaches `least`. Returns (g there, a point of the constrained
+        optimum), None when d·x cannot reach `least`, or with `need` the first g below it (then
+        the point means nothing). Any g passed on the way is a valid bound, so a walk cut short
+        by `MAX_PIVOTS` returns the last one."""
+        value, x = self.solve(c)
+        d = np.asarray(d, dtype=float)
+        slope = float(d @ x) - least
+        if slope >= -1e-9 * max(1.0, least) or (need is not None and value < need):
+            return value, x
+        saved = self.basis.copy(), self.inverse  # the next objective is likelier near c: start it there
+        try:
+            return self._walk(c, d, least, need, value, x, slope)
+        finally:
+            self.basis, self.inverse = saved
+
+    def _walk(self, c: np.ndarray, d: np.ndarray, least: float, need: float | None, value: float,
+              x: np.ndarray, slope: float) -> tuple[float, np.ndarray] | None:
+        """`solve_priced`'s parametric walk from the optimal basis for c (lam = 0)."""
+        cost0 = np.concatenate([np.asarray(c, dtype=float), np.zeros(self.m)])
+        cost1 = np.concatenate([d, np.zeros(self.m)])
+        lam, g = 0.0, value
+        previous = x
+        for _ in range(MAX_PIVOTS):
+            reduced0 = cost0 - (cost0[self.basis] @ self.inverse) @ self.full
+            reduced1 = cost1 - (cost1[self.basis] @ self.inverse) @ self.full
+            rising = np.flatnonzero(reduced1 > 1e-12)
+            if not len(rising):
+                return None  # optimal for every larger lam, and d·x still short: infeasible
+            at = np.maximum(lam, -reduced0[rising] / reduced1[rising])
+            k = int(np.argmin(at))
+            lam, enter = float(at[k]), int(rising[k])
+            self._pivot(enter)
+            point = np.zeros(self.n + self.m)
+            point[self.basis] = np.maximum(self.inverse @ self.b, 0.0)
+            now = point[:self.n]
+            g = float((cost0[:self.n] + lam * d) @ now) - lam * least
+            if need is not None and g < need:
+                return g, now
+            new_slope = float(d @ now) - least
+            if new_slope >= -1e-9 * max(1.0, least):
+                theta = new_slope / (new_slope - slope) if new_slope - slope > 1e-12 else 0.0
+                return g, theta * previous + (1 - theta) * now
+            previous, slope = now, new_slope  # this basis is optimal from lam to the next breakpoint
+        return g, previous

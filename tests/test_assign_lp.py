@@ -25,9 +25,12 @@ def _random_problem(rng: np.random.Generator) -> AssignProblem:
 
 
 def _pipe_time(p: AssignProblem, counts: tuple[int, ...]) -> float | None:
-    """Least max pipeline time for these copies: the smallest breakpoint T whose capacities reach M."""
+    """Least max pipeline time for these copies: the smallest breakpoint T whose capacities reach M,
+    every copy holding at least one microbatch (a pipeline of a plan has one at least)."""
+    first = max(p.a_s[t] for t in range(len(counts)) if counts[t])
     times = sorted({p.a_s[t] + (m - 1) * p.c_s[t] for t in range(len(counts)) if counts[t]
                     for m in range(1, p.microbatches + 1)})
+    times = [t for t in times if t >= first]
     for t in times:
         caps = [min(int(np.floor((t - p.a_s[i]) / p.c_s[i] + 1e-12)) + 1 if t >= p.a_s[i] else 0,
                     int(p.max_microbatches[i]), p.microbatches) for i in range(len(counts))]
@@ -213,14 +216,15 @@ def test_bound_of_few_pipelines_is_the_integer_optimum(seed: int) -> None:
 
 def test_bound_with_a_lower_limit_on_pipelines_holds_and_tightens() -> None:
     """Units of at least two pipelines: the LP leaves out templates no plan of that many copies
-    can hold (`assign_lp.joinable`); the bound stays below every plan (oracle) and is above the
-    bound with every template on some problems."""
+    can hold (`assign_lp.joinable`) and counts at least that many copies that hold a microbatch
+    (`solvers.count_floor`); the bound stays below every plan (oracle), and each of the two lifts
+    it above the bound without it on some problems."""
     from dataclasses import replace
 
     from solvers import assign_lp
 
     rng = np.random.default_rng(5)
-    checked = tighter = 0
+    checked = tighter = floored = 0
     for _ in range(300):
         p = _random_problem(rng)
         lo = int(rng.integers(2, 4))
@@ -237,4 +241,9 @@ def test_bound_with_a_lower_limit_on_pipelines_holds_and_tightens() -> None:
             mp.setattr(assign_lp, "joinable", lambda q: everyone)
             loose = solve_assignment_lp(p)
         tighter += loose is not None and got.bound_s > loose.bound_s * (1 + 1e-6)
-    assert checked > 50 and tighter > 0
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(assign_lp, "capacity_with_floor", lambda lp, caps, least, need=None: lp.solve(caps))
+            unfloored = solve_assignment_lp(p)
+        assert unfloored is not None and got.bound_s >= unfloored.bound_s * (1 - 1e-9)
+        floored += got.bound_s > unfloored.bound_s * (1 + 1e-6)
+    assert checked > 50 and tighter > 0 and floored > 0

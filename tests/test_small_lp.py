@@ -9,7 +9,8 @@ import pytest
 from solvers.small_lp import SmallLP
 
 
-def _highs_value(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> float:
+def _highs_value(a: np.ndarray, b: np.ndarray, c: np.ndarray, low: np.ndarray | None = None) -> float | None:
+    """max c·x s.t. low <= a x <= b (low: -inf where None), x >= 0; None when infeasible."""
     import highspy
 
     from solvers.quiet import quiet_stdout
@@ -23,7 +24,7 @@ def _highs_value(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> float:
     lp.col_cost_ = c.astype(float)
     lp.col_lower_ = np.zeros(n)
     lp.col_upper_ = np.full(n, highspy.kHighsInf)
-    lp.row_lower_ = np.full(m, -highspy.kHighsInf)
+    lp.row_lower_ = np.full(m, -highspy.kHighsInf) if low is None else low.astype(float)
     lp.row_upper_ = b.astype(float)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = np.arange(0, m * n + 1, m)
@@ -32,6 +33,8 @@ def _highs_value(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> float:
     lp.sense_ = highspy.ObjSense.kMaximize
     h.passModel(lp)
     h.run()
+    if h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
+        return None
     return float(h.getInfo().objective_function_value)
 
 
@@ -56,3 +59,36 @@ def test_values_match_highs_through_warm_starts(seed: int) -> None:
 def test_needs_nonnegative_constraints() -> None:
     with pytest.raises(ValueError):
         SmallLP(np.array([[1.0, -1.0]]), np.array([1.0]))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_priced_lower_limit_matches_highs(seed: int) -> None:
+    """`solve_priced`: the optimum with d·x >= least added (HiGHS with that row), a point that meets
+    it, None exactly when the row cannot be met; every answer an upper bound, warm-started through
+    a sequence of objectives and limits."""
+    rng = np.random.default_rng(700 + seed)
+    classes, groups = int(rng.integers(1, 5)), int(rng.integers(1, 40))
+    usage = rng.integers(0, 9, (groups, classes)) * rng.choice([1, 2, 4, 8], (groups, classes))
+    usage[usage.sum(axis=1) == 0, 0] = 1
+    avail = rng.integers(1, 64, classes)
+    a = np.vstack([usage.T, np.ones((1, groups))])
+    b = np.append(avail, rng.integers(1, 20))
+    lp = SmallLP(a, b)
+    for _ in range(8):
+        c = rng.integers(0, 50, groups).astype(float) * (rng.random(groups) < 0.8)
+        d = (c > 0).astype(float)
+        least = float(rng.integers(1, 12))
+        low = np.append(np.full(a.shape[0], -np.inf), least)
+        truth = _highs_value(np.vstack([a, d]), np.append(b, np.inf), c, low)
+        found = lp.solve_priced(c, d, least)
+        if truth is None:
+            assert found is None
+            continue
+        assert found is not None
+        value, x = found
+        assert value == pytest.approx(truth, rel=1e-9, abs=1e-9)
+        assert np.all(x >= -1e-12) and np.all(a @ x <= b + 1e-9) and d @ x >= least * (1 - 1e-9)
+        assert c @ x == pytest.approx(value, rel=1e-9, abs=1e-9)
+        for need in (0.9 * truth, 1.1 * truth + 1):  # stopped at a proof below `need`: still a bound
+            cut = lp.solve_priced(c, d, least, need=need)
+            assert cut is not None and cut[0] >= truth * (1 - 1e-9) - 1e-9
