@@ -4,10 +4,11 @@ Same problem as `solvers.assign` (minimise max pipeline time + max tail over cop
 solved without integer programs, for pools where copies number in the hundreds:
 
 * Bound. At pipeline time T a copy of template t holds at most k_t(T) = floor((T - A_t)/C_t) + 1
-  microbatches (and at most its memory cap and M). Dropping the integrality of the copy counts and
-  the lower limit on the number of pipelines only enlarges what copies can hold, so if
-  the LP  max sum_t n_t·kappa_t(T)  s.t.  usage·n <= avail, sum n <= R_hi, n >= 0  is below M, no plan
-  has pipeline time T. Newton steps from above (the LP's copies at a feasible T stay feasible, so the
+  microbatches (and at most its memory cap and M). Dropping the integrality of the copy counts
+  only enlarges what copies can hold, so if the LP  max sum_t n_t·kappa_t(T)  s.t.
+  usage·n <= avail, R_lo <= sum_{kappa_t > 0} n_t, sum n <= R_hi, n >= 0  is below M, no plan has
+  pipeline time T (every pipeline of a plan holds a microbatch; the lower row is priced,
+  `solvers.count_floor`; the cheap bound, `pipeline_time_bound`, leaves it out). Newton steps from above (the LP's copies at a feasible T stay feasible, so the
   T where they first hold M is LP-feasible too), certified by one LP just below, give T_LP(e) for the
   templates with tail <= e; every plan whose largest tail is e costs at least T_LP(e) + e. The tail
   levels are refined branch-and-bound style: T_LP is non-increasing in e, so for levels i..j every
@@ -208,7 +209,8 @@ def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_
     """A lower bound on the least max pipeline time of any plan of p (tails ignored), or None when
     the LP shows that no plan exists. `floor`: a known lower bound on it (see `_lp_time`), e.g.
     the bound of the same templates with more pipelines allowed: every template takes part
-    (no `joinable`), so that bound only falls as the replica class rises."""
+    (no `joinable`) and the lower limit on pipelines is left out (no `count_floor`), so that
+    bound only falls as the replica class rises."""
     stats = stats or SolverStats()
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)

@@ -6,8 +6,10 @@ Why not a general LP solver: the search solves these LPs thousands of times with
 when only c changes, so a few pivots finish each solve; through a solver's Python binding the
 per-call overhead was most of the time (HiGHS: ~0.3 ms a solve, against ~0.05 ms here).
 
-Pivoting is Dantzig's rule, switching to Bland's rule (which cannot cycle) after `DANTZIG_PIVOTS`
-pivots of one solve. The basis inverse is recomputed at each pivot (at most a 6x6 matrix), so
+One row of the other sense, d·x >= least (a unit's fewest pipelines, `solvers.count_floor`), is
+priced instead of added (`solve_priced`, a parametric walk from the optimum without it), so x = 0
+stays the start. Pivoting is Dantzig's rule, switching to Bland's rule (which cannot cycle) after
+`DANTZIG_PIVOTS` pivots of one solve. The basis inverse is recomputed at each pivot (at most a 6x6 matrix), so
 rounding does not accumulate. `tests/test_small_lp.py` checks optimal values against HiGHS.
 """
 
