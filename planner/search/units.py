@@ -260,7 +260,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         if deadline is not None and time.perf_counter() > deadline:
             break
         problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
-        used = lp_support(problem, su.bound_s - overhead, stats=ctx.stats)
+        used = lp_support(problem, su.bound_s - overhead, stats=ctx.stats, fewest=True)
         groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used)
                   if lb_set[k].skeleton is not None} - done - {None}
         if not groups:
