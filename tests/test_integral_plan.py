@@ -75,11 +75,10 @@ def test_nothing_below_a_bound_reached() -> None:
 
 def test_polish_finds_whole_copy_plans_rounding_misses(monkeypatch) -> None:
     """Llama-2 7B at 65,536 tokens, global batch 512, ZeRO-1, on 8 H100 + 32 A100-40 + 4 V100-16
-    (`benchmarks/many_types.py --seed 3` pool 9), with the LP's lower limit on pipelines off
-    (`solvers.count_floor`; with it the bound alone meets the target on this pool and the search
-    stops at 407.11 s): the polish's whole-copy search (`units.polish_unit`) finds a plan 0.8 %
-    faster than any rounding of the LP found, which closes the gap to the 1.5 % target (2.19 %
-    without it)."""
+    (`benchmarks/many_types.py --seed 3` pool 9): the polish's whole-copy search (`units.polish_unit`)
+    finds a plan 0.8 % faster than any rounding of the LP found (406.01 s against 409.32 s), which
+    closes the gap to the 1.5 % target (1.59 % without it; 2.19 % before the LP counted its fewest
+    pipelines, `solvers.count_floor`)."""
     from planner.costmodel.analytic import AnalyticCostModel
     from planner.evaluate import evaluate
     from planner.search import search, units
@@ -91,13 +90,10 @@ def test_polish_finds_whole_copy_plans_rounding_misses(monkeypatch) -> None:
     cluster = ClusterSpec(nodes=[NodeGroup(gpu=g, nodes=n, gpus_per_node=k) for g, n, k in (
         ("H100-SXM5-80GB", 4, 2), ("A100-SXM4-40GB", 8, 4), ("V100-SXM2-16GB", 1, 4))])
     args = (get_model("llama2-7b"), cluster, TrainingSpec(global_batch=512, seq_len=65536, zero=1))
-    from solvers import assign_lp
-
-    monkeypatch.setattr(assign_lp, "capacity_with_floor", lambda lp, caps, least, need=None: lp.solve(caps))
     res = search(*args, cost=cost, workers=2)
     assert not res.timed_out and res.gap <= 0.015 + 1e-6 and res.lower_bound_s <= res.prediction.step_s
     assert not violations(res.plan, cluster, cost)
     assert abs(evaluate(res.plan, cluster, cost).step_s - res.prediction.step_s) <= 1e-9 * res.prediction.step_s
     monkeypatch.setattr(units, "integral_plan", lambda *a, **k: None)
     rounded = search(*args, cost=cost, workers=2)
-    assert rounded.prediction.step_s > 1.005 * res.prediction.step_s and rounded.gap > 0.02
+    assert rounded.prediction.step_s > 1.005 * res.prediction.step_s and rounded.gap > 0.015
