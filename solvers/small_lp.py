@@ -104,8 +104,10 @@ class SmallLP:
             reduced0 = cost0 - (cost0[self.basis] @ self.inverse) @ self.full
             reduced1 = cost1 - (cost1[self.basis] @ self.inverse) @ self.full
             rising = np.flatnonzero(reduced1 > 1e-12)
-            if not len(rising):
-                return None  # optimal for every larger lam, and d·x still short: infeasible
+            if not len(rising):  # optimal for every larger lam, and d·x still short: infeasible,
+                if self.solve(d)[0] < least * (1 - 1e-9):  # which the most d·x confirms
+                    return None
+                return self._bound_at(c, d, least, lam), previous
             at = np.maximum(lam, -reduced0[rising] / reduced1[rising])
             k = int(np.argmin(at))
             lam, enter = float(at[k]), int(rising[k])
@@ -115,10 +117,15 @@ class SmallLP:
             now = point[:self.n]
             g = float((cost0[:self.n] + lam * d) @ now) - lam * least
             if need is not None and g < need:
-                return g, now
+                return self._bound_at(c, d, least, lam), now
             new_slope = float(d @ now) - least
             if new_slope >= -1e-9 * max(1.0, least):
                 theta = new_slope / (new_slope - slope) if new_slope - slope > 1e-12 else 0.0
-                return g, theta * previous + (1 - theta) * now
+                return self._bound_at(c, d, least, lam), theta * previous + (1 - theta) * now
             previous, slope = now, new_slope  # this basis is optimal from lam to the next breakpoint
-        return g, previous
+        return self._bound_at(c, d, least, lam), previous
+
+    def _bound_at(self, c: np.ndarray, d: np.ndarray, least: float, lam: float) -> float:
+        """g(lam) from a full solve, not the walk's basis: a bound that holds whatever rounding
+        did to the walk (from its basis, optimal there, the solve is one pricing pass)."""
+        return self.solve(np.asarray(c, dtype=float) + lam * d)[0] - lam * least
