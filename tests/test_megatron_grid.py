@@ -138,3 +138,30 @@ def test_the_full_search_is_never_slower_than_the_best_grid() -> None:
     unpolished = search(model, cluster, training, cost=COST, polish="never")
     assert unpolished.stats["megatron_grid_added"] == 1
     assert unpolished.prediction.step_s <= grid[1].step_s
+
+
+def _mixed_node_pool() -> tuple[ClusterSpec, TrainingSpec]:
+    """Nodes of 8, 4 and 2 GPUs (the smallest node so far changes along the prefixes) and a global
+    batch with odd divisors."""
+    return (ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=2, gpus_per_node=8),
+                               NodeGroup(gpu="A100-SXM4-40GB", nodes=3, gpus_per_node=4),
+                               NodeGroup(gpu="V100-SXM2-32GB", nodes=3, gpus_per_node=2)]),
+            TrainingSpec(global_batch=96, seq_len=4096, max_cp=4))
+
+
+@pytest.mark.parametrize("case", sorted(CASES) + ["mixed-nodes"])
+def test_grids_within_a_cutoff_are_every_grid_the_pool_bound_keeps(case: str) -> None:
+    """`grids_within` (by tp, cp, pp, b and dp, not by prefix) gives exactly `every_grid`'s grids
+    whose `_pool_bound` is at most the cutoff, in the same order, at cutoffs that keep none, some
+    and all of them."""
+    cluster, training = _mixed_node_pool() if case == "mixed-nodes" else CASES[case]
+    sizes = micro_batch_sizes(training)
+    gpus_upto = mg.prefix_gpus(cluster)
+    devs = list({dev.key: dev for dev in map(mg.device_class_of, cluster.nodes)}.values())
+    low: dict = {}
+    grids = mg.every_grid(MODEL, cluster, training, sizes)
+    bounds = [mg._pool_bound(MODEL, training, COST, g, gpus_upto, devs, low) for g in grids]
+    assert len(set(bounds)) > 5
+    for cut in sorted(set(bounds))[::max(1, len(set(bounds)) // 7)] + [min(bounds) * 0.5, max(bounds) * 2]:
+        kept = [g for g, b in zip(grids, bounds) if b <= cut]
+        assert mg.grids_within(MODEL, cluster, training, COST, sizes, cut, devs, {}) == kept, cut
