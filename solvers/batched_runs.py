@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from solvers.partition import Split
+from solvers.partition import Split, pareto_ac
 from solvers.uniform_layers import (INF, Budget, Kind, UniformView, _minmax_conv, _scan_width,
                                     parametric_frontiers)
 
@@ -273,6 +273,60 @@ def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
     return found
 
 
+def batched_step_frontiers(views: dict[Hashable, UniformView], rows: list[Row], microbatches: int,
+                           max_flight: int | None = None,
+                           least_e: dict[Row, float | None] | None = None) -> dict[Row, list[Split]]:
+    """The part of each row's (A, C) frontier (`batched_frontiers`) that a pipeline running
+    `microbatches` (m) can use: it holds the split of least A + (m - 1)·C and the split of least
+    A + (m - 1)·C + E (ties: least ranges) of the whole frontier, so each equals that of the whole.
+
+    With A_0 the row's least A, C_min its least bottleneck and E_min its least largest tail, a
+    split of bottleneck C costs at least A_0 + (m - 1)·C + E_min: none above the C where that
+    reaches the least step of the least-A split and the split at C_min (just above, against
+    rounding) can be either. The walk starts there; going down, A only grows, so it stops once
+    the split just reached has A + (m - 1)·C_min not below the least A + (m - 1)·C so far and that
+    plus E_min above the least step so far (every later split costs at least as much). On
+    `many_types.py --seed 1` pool 18 (the chain candidate's run orders, m = 64) this solved N of the
+    full frontiers' 2,452 batched DPs. `least_e`: `batched_min_max_tails` of the rows, if the
+    caller has it."""
+    keys = list(views)
+    if not keys:
+        return {}
+    codes = RowCodes.of(keys, rows, views[keys[0]].n)
+    if not codes.live:
+        return {}
+    batch = _Batch([views[k] for k in keys], int(codes.total.max()), max_flight)
+    at = {row: i for i, row in enumerate(codes.live)}
+    order = [codes.live[i] for i in sweep_order(codes)]
+
+    def solve(rs: list[Row], caps: np.ndarray) -> list[Split | None]:
+        return batch.solve(codes, [at[r] for r in rs], caps)
+
+    least_c = batched_least_bottlenecks(views, order, max_flight)
+    if least_e is None:
+        least_e = batched_min_max_tails(views, order, max_flight)
+    m1 = microbatches - 1
+    first = dict(zip(order, solve(order, np.full(len(order), INF))))
+    live = [r for r in order if first[r] is not None and least_c[r] is not None and least_e.get(r) is not None]
+    at_c = dict(zip(live, solve(live, np.array([least_c[r] for r in live], dtype=float))))
+    known = {r: [s for s in (first[r], at_c[r]) if s is not None] for r in live}
+    low = {r: (min(s.a_s + m1 * s.c_s for s in known[r]), min(s.a_s + m1 * s.c_s + s.e_s for s in known[r]))
+           for r in live}
+    tops = {}
+    for r in live:
+        tops[r] = INF if m1 == 0 else (low[r][1] - first[r].a_s - least_e[r]) / m1 * (1 + 1e-9)
+
+    def stop(row: Row, sp: Split) -> bool:
+        ac = sp.a_s + m1 * sp.c_s
+        best_ac, best_step = min(low[row][0], ac), min(low[row][1], ac + sp.e_s)
+        low[row] = (best_ac, best_step)
+        rest = sp.a_s + m1 * least_c[row]
+        return rest >= best_ac and rest + least_e[row] > best_step
+
+    walked = parametric_frontiers(solve, live, caps=tops, stop=stop)
+    return {r: pareto_ac([s for s in known[r] if s.c_s <= tops[r]] + walked.get(r, [])) for r in live}
+
+
 def _least_tail(kinds: list[Kind], capacities: list[float], flights: int,
                 max_flight: int | None = None) -> np.ndarray:
     """Least stage tail over options whose memory fits, by (flight, type, decoders)."""
@@ -309,9 +363,11 @@ def coded_min_max_tails(views: list[UniformView], codes: RowCodes, max_flight: i
                           flights)
 
 
-def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row]) -> dict[Row, float | None]:
+def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row],
+                              max_flight: int | None = None) -> dict[Row, float | None]:
     """Least possible largest stage F+B (the bottleneck C) over every memory-feasible split of
-    each row (as in `batched_frontiers`), in one (min, max) DP for all rows: a stage's F+B is at
+    each row (as in `batched_frontiers`, `max_flight` too), in one (min, max) DP for all rows: a
+    stage's F+B is at
     least its cheapest option that fits, so no split of the row has a smaller C. With a row's
     least A it bounds every split a cut-short frontier did not reach (`Budget.cut`)."""
     keys = list(views)
@@ -322,7 +378,7 @@ def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row
     if not codes.live:
         return {}
     caps = [v.capacity for v in vs]
-    least = _coded_min_max(codes, lambda kind, f: _least([getattr(v, kind) for v in vs], caps, f).fb,
+    least = _coded_min_max(codes, lambda kind, f: _least([getattr(v, kind) for v in vs], caps, f, max_flight).fb,
                            int(codes.total.max()))
     return {r: (c if math.isfinite(c) else None) for r, c in zip(codes.live, least.tolist())}
 

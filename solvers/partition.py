@@ -141,6 +141,54 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
     return pareto(found)
 
 
+def least_step_split(positions: list[StageOptions], m: int, max_in_flight: int | None = None,
+                     max_points: int = 10_000) -> Split | None:
+    """The split of least A + (m - 1)·C + E (ties: least C, then E, then ranges) among those
+    `split_frontier`'s walk lists, without walking all of it; None when none fits.
+
+    The walk is `split_frontier`'s (tail caps e from above; at each, bottleneck caps c from above),
+    cut short by bounds. Every split has C >= c_lo (the least largest F+B) and E >= e_lo (the least
+    largest tail). Within a level, A only grows as c falls, so once A + (m - 1)·c_lo + e_lo is above
+    the best value the level stops; across levels, every split of a later (lower) tail cap is
+    dominated in (A, C) by a point of this level, listed or not (the unlisted ones cost at least A
+    of the last listed plus (m - 1)·c_lo), so once that least A + (m - 1)·C plus e_lo is above the
+    best value the walk stops. An optimal split s stays reachable: the last point listed at a cap
+    c >= C_s dominates it in (A, C); if its E is not above E_s it is as good, else the next tail cap
+    (just below the level's largest E) still admits s. On the chain candidate's run orders
+    (`flagscale_grid`) this lists a fifth of the frontier."""
+    n = positions[0].num_layers
+    if len(positions) > n:
+        return None
+    e_lo = min_max_tail(positions, max_in_flight)
+    c_lo = min_max_tail([StageOptions(p.fb, p.fb, p.mem_fixed, p.act, p.capacity) for p in positions],
+                        max_in_flight)
+    if e_lo is None or c_lo is None:
+        return None
+    best: tuple[tuple, Split] | None = None  # (value, C, E, ranges), split
+    e, listed = INF, 0
+    while listed < max_points:
+        level_low = INF  # least A + (m - 1)·C of every split this tail cap admits
+        largest_e = -INF
+        c = INF
+        while (sol := best_split(positions, c, e, max_in_flight)) is not None:
+            listed += 1
+            value = sol.a_s + (m - 1) * sol.c_s + sol.e_s
+            key = (value, sol.c_s, sol.e_s, sol.ranges)
+            if best is None or key < best[0]:
+                best = (key, sol)
+            level_low = min(level_low, sol.a_s + (m - 1) * sol.c_s)
+            largest_e = max(largest_e, sol.e_s)
+            c = _below(sol.c_s)
+            rest = sol.a_s + (m - 1) * c_lo  # what any split below this c costs at least
+            if rest + e_lo > best[0][0]:
+                level_low = min(level_low, rest)
+                break
+        if largest_e == -INF or best is None or level_low + e_lo > best[0][0]:
+            break
+        e = _below(largest_e)
+    return None if best is None else best[1]
+
+
 def tail_capped_frontier(positions: list[StageOptions], e: float, max_in_flight: int | None = None) -> list[Split]:
     """Every non-dominated (A, C) split whose stages all have tails <= e (the general DP under a
     tail cap, bottleneck cap lowered below each answer in turn; `max_in_flight` as `best_split`)."""

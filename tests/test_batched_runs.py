@@ -274,3 +274,41 @@ def test_min_plus_is_the_least_sum_over_every_split_of_k(rows: int) -> None:
                      for b in range(rows)])
     assert np.array_equal(_min_plus(stage, rest), want)
     assert (rows <= FEW_ROWS) == (rows in (1, 5, 16))  # both paths are exercised
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_step_frontiers_hold_what_a_pipeline_of_m_microbatches_takes(seed: int) -> None:
+    """`batched_step_frontiers` keeps, of each row's whole (A, C) frontier, its least A + (m - 1)·C
+    and its split of least A + (m - 1)·C + E (ties: least ranges), for several m and flight caps,
+    on two- and three-run rows; and lists fewer splits in all. `batched_least_bottlenecks` with a
+    flight cap is the least C of the general DP's frontier with that cap."""
+    from solvers.batched_runs import batched_least_bottlenecks, batched_step_frontiers, row_skeleton
+
+    rng = np.random.default_rng(900 + seed)  # longer rows than `_instance`: long frontiers near C_min
+    n = int(rng.integers(8, 16))
+    opts = {name: _uniform_options(rng, n, int(rng.integers(2, 5)), float(rng.uniform(8, 40))) for name in "xyz"}
+    views = {name: uniform_view(o) for name, o in opts.items()}
+    rows = [(x, s, x, 0) for x in views for s in range(1, n + 1)]
+    rows += [(x, k1, y, k2) for x in views for y in views if x != y
+             for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+    rows += _three_run_rows(views, n)[::25]
+    listed = whole_listed = 0
+    for m in (1, 2, 3, 8, 40):
+        flight = None if m == 40 and seed % 2 else m
+        whole = batched_frontiers(views, rows, max_flight=flight)
+        mine = batched_step_frontiers(views, rows, m, max_flight=flight)
+        assert mine.keys() == whole.keys()
+        for row, front in whole.items():
+            def step(p):
+                return p.a_s + (m - 1) * p.c_s + p.e_s
+
+            assert min(p.a_s + (m - 1) * p.c_s for p in mine[row]) == min(p.a_s + (m - 1) * p.c_s for p in front)
+            assert min(mine[row], key=lambda p: (step(p), p.ranges)) == min(front, key=lambda p: (step(p), p.ranges))
+            listed += len(mine[row])
+            whole_listed += len(front)
+        least_c = batched_least_bottlenecks(views, rows, max_flight=flight)
+        for row in rows[::11]:
+            ref = split_frontier([opts[x] for x in row_skeleton(row)], max_in_flight=flight, with_tail=False)
+            want = min((p.c_s for p in ref), default=None)
+            assert (least_c[row] is None) if want is None else least_c[row] == pytest.approx(want, rel=1e-12)
+    assert listed < whole_listed

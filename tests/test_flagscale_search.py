@@ -146,15 +146,16 @@ def test_mixed_pool_uses_meshes_megatron_cannot_express() -> None:
 
 
 def test_batched_frontiers_give_the_general_dp_plans(two_type, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run orders of identical decoder layers are split in one batched sweep (`solvers.batched_runs`);
-    with that path turned off (every order through the general partition DP) the plans are the same,
-    byte for byte."""
+    """Run orders of identical decoder layers are split in one batched sweep of the frontier part a
+    pipeline of m microbatches uses (`solvers.batched_runs.batched_step_frontiers`); with that path
+    turned off (every order's whole frontier through the general partition DP) the plans are the
+    same, byte for byte."""
     cost = AnalyticCostModel()
     cases = _cases(two_type)[1:] + [(get_model("llama2-13b"), load_cluster(EXAMPLES / "mixed.yaml"),
                                      TrainingSpec(global_batch=64, seq_len=4096, micro_batches=(1, 2)))]
-    batched = fg.batched_frontiers
+    batched = fg.batched_step_frontiers
     sweeps = []
-    monkeypatch.setattr(fg, "batched_frontiers", lambda *a, **k: sweeps.append(1) or batched(*a, **k))
+    monkeypatch.setattr(fg, "batched_step_frontiers", lambda *a, **k: sweeps.append(1) or batched(*a, **k))
     fast = [_search(model, cluster, training, cost) for model, cluster, training in cases]
     assert len(sweeps) > 50  # the batched path ran
     monkeypatch.setattr(fg, "uniform_view", lambda opts: None)

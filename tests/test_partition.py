@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from solvers.partition import StageOptions, Split, best_split, pareto, split_frontier, undominated_options
+from solvers.partition import (StageOptions, Split, best_split, least_step_split, pareto, split_frontier,
+                               undominated_options)
 
 
 def _random_options(rng: np.random.Generator, n: int, num_opts: int, capacity: float) -> StageOptions:
@@ -68,6 +69,30 @@ def test_split_frontier_matches_brute_force(seed: int) -> None:
         best_brute = min((p.a_s + (m - 1) * p.c_s + p.e_s for p in brute), default=None)
         best_ours = min((p.a_s + (m - 1) * p.c_s + p.e_s for p in ours), default=None)
         assert best_brute == pytest.approx(best_ours) if best_brute is not None else best_ours is None
+
+
+@pytest.mark.parametrize("seed", range(160))
+def test_least_step_split_is_the_best_of_every_split(seed: int) -> None:
+    """`least_step_split` (the frontier walk cut short by bounds) gives the least A + (m - 1)·C + E
+    of every split (brute force), and the split `split_frontier`'s frontier ranks first for that m
+    by (value, C, E, ranges), on repeated stage kinds too, where ties abound."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(3, 8))
+    stages = int(rng.integers(1, min(n, 5) + 1))
+    kinds = [_random_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(8, 30))) for _ in range(2)]
+    positions = [kinds[int(rng.integers(0, 2))] for _ in range(stages)]
+    flight = None if seed % 4 else int(rng.integers(1, 3))
+    every = _all_splits(positions, flight)
+    for m in (1, 2, 7, 64):
+        def value(p: Split) -> float:
+            return p.a_s + (m - 1) * p.c_s + p.e_s
+
+        got = least_step_split(positions, m, flight)
+        if not every:
+            assert got is None
+            continue
+        assert got is not None and value(got) == pytest.approx(min(map(value, every)), rel=1e-12)
+        assert got == min(split_frontier(positions, flight), key=lambda p: (value(p), p.c_s, p.e_s, p.ranges))
 
 
 def test_best_split_respects_caps() -> None:

@@ -60,8 +60,8 @@ from planner.search.space import (
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.batched_runs import batched_frontiers, batched_min_max_tails
-from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
+from solvers.batched_runs import batched_min_max_tails, batched_step_frontiers
+from solvers.partition import Split, StageOptions, least_step_split, min_max_tail, split_frontier
 from solvers.uniform_layers import UniformView, uniform_view
 
 _PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
@@ -330,8 +330,8 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         mine = {id(w): views[(gi, id(w))] for w, _ in meshes}
         if all(v is not None for v in mine.values()):
             rows = [tuple(x for w, p in order for x in (id(w), p)) for order in orders]
-            found = batched_frontiers(mine, rows, max_flight=m)
             tails = batched_min_max_tails(mine, rows, max_flight=m)
+            found = batched_step_frontiers(mine, rows, m, max_flight=m, least_e=tails)
             return [(found.get(row, []), tails.get(row)) for row in rows]
         out = []
         for order in orders:
@@ -381,10 +381,9 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
             if tail_levels_bound(mine, order, m, e_lo, e_hi) + overhead >= incumbent():
                 continue
             pos = positions(gi, order)
-            front = split_frontier(pos, max_in_flight=min(m, len(pos)))
+            best = least_step_split(pos, m, max_in_flight=min(m, len(pos)))
             dp_runs += 1
-            if front:
-                best = min(front, key=lambda sp: (_value(sp, m), sp.ranges))
+            if best is not None:
                 record(_value(best, m) + overhead, (gi, flat, oi), order, best)
     found = [_evaluated(_place(model, training, cluster, classes, groups[tie[0]], order, split), cluster, cost)
              for _, tie, order, split in cands]

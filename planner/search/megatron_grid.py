@@ -30,7 +30,7 @@ from planner.search.space import ResourceClass, StageShape, powers_of_two_upto
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
-from solvers.partition import Split, StageOptions, best_split, min_max_tail, split_frontier
+from solvers.partition import Split, StageOptions, best_split, least_step_split, min_max_tail
 
 
 Grid = tuple[int, int, int, int, int, str]  # (nodes, tp, cp, pp, microbatch size, recompute)
@@ -250,13 +250,13 @@ NOISE = 1e-9  # relative: a split's step and the evaluator's for its plan agree 
 
 
 def _grid_split(lay: _Layout, overhead_s: float) -> tuple[Split, float] | None:
-    """The layout's best split, least in A + (m - 1)·C + E, and its step (that plus the step
-    overhead: what the evaluator computes for its plan from the same stage options), or None."""
+    """The layout's best split, least in A + (m - 1)·C + E (`least_step_split`), and its step
+    (that plus the step overhead: what the evaluator computes for its plan from the same stage
+    options), or None."""
     m, pp = lay.microbatches, lay.grid[3]
-    splits = split_frontier(lay.positions, max_in_flight=min(m, pp))
-    if not splits:
+    split = least_step_split(lay.positions, m, max_in_flight=min(m, pp))
+    if split is None:
         return None
-    split = min(splits, key=lambda sp: (sp.a_s + (m - 1) * sp.c_s + sp.e_s, sp.ranges))
     return split, split.a_s + (m - 1) * split.c_s + split.e_s + overhead_s
 
 
