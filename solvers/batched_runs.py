@@ -280,51 +280,86 @@ def batched_step_frontiers(views: dict[Hashable, UniformView], rows: list[Row], 
     `microbatches` (m) can use: it holds the split of least A + (m - 1)·C and the split of least
     A + (m - 1)·C + E (ties: least ranges) of the whole frontier, so each equals that of the whole.
 
-    With A_0 the row's least A, C_min its least bottleneck and E_min its least largest tail, a
-    split of bottleneck C costs at least A_0 + (m - 1)·C + E_min: none above the C where that
-    reaches the least step of the least-A split and the split at C_min (just above, against
-    rounding) can be either. The walk starts there; going down, A only grows, so it stops once
+    The walk is `batched_frontiers`'; a row still walking after `_PLAIN_ROUNDS` rounds is then
+    bounded. With A_0 its least A (its first split), C_min its least bottleneck and E_min its least
+    largest tail, a split of bottleneck C costs at least A_0 + (m - 1)·C + E_min: none above the C
+    where that reaches the least step so far (the split at C_min's included; just above, against
+    rounding) can be either, so the walk jumps there. Going down, A only grows, so it stops once
     the split just reached has A + (m - 1)·C_min not below the least A + (m - 1)·C so far and that
-    plus E_min above the least step so far (every later split costs at least as much). On
-    `many_types.py --seed 1` pool 18 (the chain candidate's run orders, m = 64) this solved 1,017
-    batched DPs (the least-A and least-C rounds included) where the whole frontiers took 2,452. `least_e`: `batched_min_max_tails` of the rows, if the
-    caller has it."""
+    plus E_min above the least step so far (every later split costs at least as much). Rows whose
+    frontiers end within the plain rounds (most, where few splits fit) pay nothing for the bounds.
+    On `many_types.py --seed 1` pool 18 (the chain candidate's run orders, m = 64) this solved
+    1,090 batched DPs where the whole frontiers took 2,452. `least_e`: `batched_min_max_tails` of the
+    rows, if the caller has it."""
     keys = list(views)
     if not keys:
         return {}
     codes = RowCodes.of(keys, rows, views[keys[0]].n)
     if not codes.live:
         return {}
-    batch = _Batch([views[k] for k in keys], int(codes.total.max()), max_flight)
+    flights = int(codes.total.max())
+    batch = _Batch([views[k] for k in keys], flights, max_flight)
     at = {row: i for i, row in enumerate(codes.live)}
     order = [codes.live[i] for i in sweep_order(codes)]
-
-    def solve(rs: list[Row], caps: np.ndarray) -> list[Split | None]:
-        return batch.solve(codes, [at[r] for r in rs], caps)
-
-    least_c = batched_least_bottlenecks(views, order, max_flight)
     if least_e is None:
         least_e = batched_min_max_tails(views, order, max_flight)
     m1 = microbatches - 1
-    first = dict(zip(order, solve(order, np.full(len(order), INF))))
-    live = [r for r in order if first[r] is not None and least_c[r] is not None and least_e.get(r) is not None]
-    at_c = dict(zip(live, solve(live, np.array([least_c[r] for r in live], dtype=float))))
-    known = {r: [s for s in (first[r], at_c[r]) if s is not None] for r in live}
-    low = {r: (min(s.a_s + m1 * s.c_s for s in known[r]), min(s.a_s + m1 * s.c_s + s.e_s for s in known[r]))
-           for r in live}
-    tops = {}
-    for r in live:
-        tops[r] = INF if m1 == 0 else (low[r][1] - first[r].a_s - least_e[r]) / m1 * (1 + 1e-9)
+    found: dict[Row, list[Split]] = {r: [] for r in order}
+    caps = {r: INF for r in order}
+    low: dict[Row, tuple[float, float, float]] = {}  # bounded rows: C_min, least A + (m-1)C, least step
 
-    def stop(row: Row, sp: Split) -> bool:
+    def solve(rs: list[Row], cap: list[float]) -> list[Split | None]:
+        return batch.solve(codes, [at[r] for r in rs], np.array(cap, dtype=float))
+
+    def take(row: Row, sp: Split) -> bool:
+        """Add a split the walk reached; whether the row walks on."""
+        found[row].append(sp)
+        if row not in low:
+            return True
+        c_min, best_ac, best_step = low[row]
         ac = sp.a_s + m1 * sp.c_s
-        best_ac, best_step = min(low[row][0], ac), min(low[row][1], ac + sp.e_s)
-        low[row] = (best_ac, best_step)
-        rest = sp.a_s + m1 * least_c[row]
-        return rest >= best_ac and rest + least_e[row] > best_step
+        best_ac, best_step = min(best_ac, ac), min(best_step, ac + sp.e_s)
+        low[row] = (c_min, best_ac, best_step)
+        rest = sp.a_s + m1 * c_min
+        return not (rest >= best_ac and rest + least_e[row] > best_step)
 
-    walked = parametric_frontiers(solve, live, caps=tops, stop=stop)
-    return {r: pareto_ac([s for s in known[r] if s.c_s <= tops[r]] + walked.get(r, [])) for r in live}
+    live = list(order)
+    for k in range(10_000):
+        if not live:
+            break
+        if k == _PLAIN_ROUNDS and m1 > 0:
+            _bound_rows(batch, keys, live, views[keys[0]].n, least_e, found, low, solve, m1, caps)
+        nxt = []
+        for row, sp in zip(live, solve(live, [caps[r] for r in live])):
+            if sp is not None and take(row, sp):
+                caps[row] = float(np.nextafter(sp.c_s, -INF))
+                nxt.append(row)
+        live = nxt
+    return {r: pareto_ac(v) for r, v in found.items() if v}
+
+
+_PLAIN_ROUNDS = 2  # rounds of the plain walk before a row's frontier is bounded
+
+
+def _bound_rows(batch: _Batch, keys: list[Hashable], live: list[Row], n: int, least_e: dict, found: dict,
+                low: dict, solve: Callable, m1: int, caps: dict) -> None:
+    """`batched_step_frontiers`' bounds for the rows still walking: each row's least bottleneck
+    (the (min, max) DP on the batch's own least-F+B tables) and its split there, its least
+    A + (m - 1)·C and step so far (in `low`), and its cap lowered to where a split can still win."""
+    sub = RowCodes.of(keys, live, n)
+    least_c = _coded_min_max(sub, lambda kind, f: getattr(batch, kind).fb, int(sub.total.max()))
+    c_of = {r: float(c) for r, c in zip(sub.live, least_c.tolist()) if math.isfinite(c)}
+    rows = [r for r in live if r in c_of and least_e.get(r) is not None]
+    for row, sp in zip(rows, solve(rows, [c_of[r] for r in rows])):
+        if sp is not None:
+            found[row].append(sp)
+    for row in rows:
+        points = found[row]
+        best_ac = min(p.a_s + m1 * p.c_s for p in points)
+        best_step = min(p.a_s + m1 * p.c_s + p.e_s for p in points)
+        low[row] = (c_of[row], best_ac, best_step)
+        top = (best_step - points[0].a_s - least_e[row]) / m1 * (1 + 1e-9)
+        caps[row] = min(caps[row], top)
 
 
 def _least_tail(kinds: list[Kind], capacities: list[float], flights: int,

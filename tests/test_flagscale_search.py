@@ -7,6 +7,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from planner import get_model, load_cluster
@@ -269,3 +270,44 @@ def test_integral_bound_is_below_every_order_split() -> None:
     # bottleneck and A taken apart (least d for every layer past one per stage) gave a median of
     # 0.95 and a tenth percentile of 0.83 here
     assert len(ratios) > 100 and ratios[len(ratios) // 2] >= 0.97 and ratios[len(ratios) // 10] >= 0.93
+
+
+def _integral_by_scan(meshes: list, n_dec: int, m: int) -> float:
+    """`chain_bounds.integral_bound` by its definition, one candidate bottleneck at a time."""
+    stages = sum(p for _, p in meshes)
+    if stages > n_dec or sum(w.kmax * p for w, p in meshes) < n_dec:
+        return math.inf
+    on = 1.0 if stages > 1 else 0.0
+    least = max(w.dec_s + on * w.recv_s for w, _ in meshes)
+    best = math.inf
+    for c in sorted({k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)}):
+        room = [p * min(w.kmax, max(0, math.floor((c - on * w.recv_s) / w.dec_s * (1 + 1e-12)))) for w, p in meshes]
+        if c < least or sum(room) < n_dec:
+            continue
+        left, a_s = n_dec - stages, 2 * (stages - 1) * min(w.recv_s for w, _ in meshes)
+        for i in sorted(range(len(meshes)), key=lambda i: meshes[i][0].dec_s):
+            extra = min(left, room[i] - meshes[i][1])
+            a_s += (meshes[i][1] + extra) * meshes[i][0].dec_s
+            left -= extra
+        best = min(best, max(a_s, c) + (m - 1) * c)
+    return best
+
+
+def test_chain_queue_bounds_equal_their_definitions() -> None:
+    """The array forms of `integral_bound` and `least_largest_tail` give exactly what a scan of
+    every candidate bottleneck / tail level gives, on random meshes (repeated speeds included)."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n_dec = int(rng.integers(2, 40))
+        meshes = [(cb.MeshWidth(0, 1, (), float(rng.choice([0.5, 1.0, 1.3, rng.uniform(0.2, 3)])),
+                                float(rng.choice([0.0, 0.05, rng.uniform(0, 0.3)])), int(rng.integers(1, n_dec + 1))),
+                   int(rng.integers(1, 5))) for _ in range(int(rng.integers(1, 5)))]
+        m = int(rng.integers(1, 65))
+        assert cb.integral_bound(meshes, n_dec, m, 0.25) == _integral_by_scan(meshes, n_dec, m) + 0.25
+        tails = [(np.concatenate([[math.inf], np.where(rng.random(n_dec) < 0.2, math.inf,
+                                                       rng.choice([0.1, 0.2, 0.7], n_dec) + rng.random(n_dec))]),
+                  int(rng.integers(1, 4))) for _ in range(int(rng.integers(1, 4)))]
+        levels = sorted({float(x) for t, _ in tails for x in t if math.isfinite(x)})
+        held = [sum(p * max((k for k in range(len(t)) if t[k] <= e), default=0) for t, p in tails) for e in levels]
+        want = next((e for e, h in zip(levels, held) if h >= n_dec), math.inf)
+        assert cb.least_largest_tail(tails) == want

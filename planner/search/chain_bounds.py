@@ -10,7 +10,10 @@ to the former), and per run order a few tail-capped levels of its frontier (`tai
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,17 +84,25 @@ def integral_bound(meshes: list[tuple[MeshWidth, int]], n_dec: int, m: int, over
                 for w, p in meshes]
 
     least_c = max(w.dec_s + on * w.recv_s for w, _ in meshes)  # every stage holds a layer
-    cands = sorted(c for c in {k * w.dec_s + on * w.recv_s for w, _ in meshes for k in range(1, w.kmax + 1)}
-                   if c >= least_c)
-    lo, hi = 0, len(cands) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if sum(caps(cands[mid])) >= n_dec else (mid + 1, hi)
+    # no C below the fluid one holds every layer (a mesh holds at most p·(C - r)/d of them): the
+    # candidates are walked up from there, merged from each mesh's k·d + r (building and sorting
+    # every one was most of a call, and the chain queue makes thousands)
+    fluid = (n_dec / (1 + 1e-12) + sum(p * on * w.recv_s / w.dec_s for w, p in meshes)) / sum(
+        p / w.dec_s for w, p in meshes)
+    lowest = max(least_c, fluid * (1 - 1e-9))
+
+    def multiples(w: MeshWidth) -> Iterator[float]:
+        k0 = max(1, math.floor((lowest - on * w.recv_s) / w.dec_s) - 1)  # one step down against rounding
+        return (k * w.dec_s + on * w.recv_s for k in range(k0, w.kmax + 1))
+
+    cands = (c for c, _ in itertools.groupby(heapq.merge(*(multiples(w) for w, _ in meshes))) if c >= least_c)
     recvs = 2 * (stages - 1) * min(w.recv_s for w, _ in meshes)
     by_speed = sorted(range(len(meshes)), key=lambda i: meshes[i][0].dec_s)
     floor_a = sum(p * w.dec_s for w, p in meshes) + (n_dec - stages) * meshes[by_speed[0]][0].dec_s + recvs
     best = math.inf
-    for c_s in cands[lo:]:
+    for c_s in cands:
+        if sum(caps(c_s)) < n_dec:
+            continue  # below the least bottleneck that holds them all
         if max(floor_a, c_s) + (m - 1) * c_s >= best:
             break
         room, left, a_s = caps(c_s), n_dec - stages, recvs
@@ -135,17 +146,15 @@ def tails_by_length(opts: StageOptions) -> np.ndarray:
 def least_largest_tail(meshes: list[tuple[np.ndarray, int]]) -> float:
     """The least E such that stages whose tails are all <= E can hold every layer: with t_w(k) the
     least tail of a stage of mesh w holding k layers (`tails_by_length`), its p stages hold at most
-    p * max{k : t_w(k) <= E}. Every split's largest tail is at least this E (inf: none fits)."""
+    p * max{k : t_w(k) <= E}. Every split's largest tail is at least this E (inf: none fits).
+    Every candidate E at once: max{k : t_w(k) <= E} is where E falls in t_w's suffix minima."""
     layers = len(meshes[0][0]) - 1
-    cands = sorted({float(x) for t, _ in meshes for x in t if math.isfinite(x)})
-
-    def holds(e: float) -> bool:
-        return sum(p * int(np.flatnonzero(t <= e).max(initial=0)) for t, p in meshes) >= layers
-
-    lo, hi = 0, len(cands) - 1
-    if not cands or not holds(cands[hi]):
+    cands = np.unique(np.concatenate([t[np.isfinite(t)] for t, _ in meshes]))
+    if not len(cands):
         return math.inf
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if holds(cands[mid]) else (mid + 1, hi)
-    return cands[lo]
+    held = np.zeros(len(cands))
+    for t, p in meshes:
+        suffix = np.minimum.accumulate(t[::-1])[::-1]  # non-decreasing in k
+        held = held + p * np.maximum(0, np.searchsorted(suffix, cands, side="right") - 1)
+    fits = np.flatnonzero(held >= layers)
+    return float(cands[fits[0]]) if len(fits) else math.inf
