@@ -253,20 +253,30 @@ def sweep_order(codes: RowCodes) -> list[int]:
     return sorted(range(len(codes.live)), key=lambda i: codes.rev[i, codes.total[i]:0:-1].tolist())
 
 
+def _batched(views: dict[Hashable, UniformView], rows: list[Row],
+             max_flight: int | None) -> tuple[RowCodes, _Batch, dict[Row, int]] | None:
+    """The rows coded against `views`, the batch that solves them, and each live row's index;
+    None when there is nothing to solve."""
+    keys = list(views)
+    if not keys:
+        return None
+    codes = RowCodes.of(keys, rows, views[keys[0]].n)
+    if not codes.live:
+        return None
+    batch = _Batch([views[k] for k in keys], int(codes.total.max()), max_flight)
+    return codes, batch, {row: i for i, row in enumerate(codes.live)}
+
+
 def batched_frontiers(views: dict[Hashable, UniformView], rows: list[Row],
                       budget: Budget | None = None, max_flight: int | None = None) -> dict[Row, list[Split]]:
     """Every non-dominated (A, C) split of each row (x1, k1, x2, k2, ...): k1 stages of `views[x1]`,
     then k2 of `views[x2]`, ... Option indices refer to each stage's own view. Rows with no stage,
     or more stages than layer slots, are left out. `max_flight`: the microbatches a stage holds at
     most (`partition.split_frontier`'s `max_in_flight`: a pipeline run with m < S microbatches)."""
-    keys = list(views)
-    if not keys:
+    got = _batched(views, rows, max_flight)
+    if got is None:
         return {}
-    codes = RowCodes.of(keys, rows, views[keys[0]].n)
-    if not codes.live:
-        return {}
-    batch = _Batch([views[k] for k in keys], int(codes.total.max()), max_flight)
-    at = {row: i for i, row in enumerate(codes.live)}
+    codes, batch, at = got
     order = sweep_order(codes)
     found = parametric_frontiers(lambda rs, caps: batch.solve(codes, [at[r] for r in rs], caps),
                                  [codes.live[i] for i in order], budget=budget)
@@ -291,15 +301,11 @@ def batched_step_frontiers(views: dict[Hashable, UniformView], rows: list[Row], 
     On `many_types.py --seed 1` pool 18 (the chain candidate's run orders, m = 64) this solved
     1,090 batched DPs where the whole frontiers took 2,452. `least_e`: `batched_min_max_tails` of the
     rows, if the caller has it."""
+    got = _batched(views, rows, max_flight)
+    if got is None:
+        return {}
+    codes, batch, at = got
     keys = list(views)
-    if not keys:
-        return {}
-    codes = RowCodes.of(keys, rows, views[keys[0]].n)
-    if not codes.live:
-        return {}
-    flights = int(codes.total.max())
-    batch = _Batch([views[k] for k in keys], flights, max_flight)
-    at = {row: i for i, row in enumerate(codes.live)}
     order = [codes.live[i] for i in sweep_order(codes)]
     if least_e is None:
         least_e = batched_min_max_tails(views, order, max_flight)

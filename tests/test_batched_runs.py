@@ -14,12 +14,13 @@ from solvers.uniform_layers import frontiers, uniform_view
 from tests.test_uniform_layers import _uniform_options
 
 
-def _instance(seed: int) -> tuple[int, dict, dict, list]:
+def _instance(seed: int, base: int = 500, slots: tuple[int, int] = (4, 9),
+              options: tuple[int, int] = (1, 4)) -> tuple[int, dict, dict, list]:
     """Three random stage groups over n slots (some options overflow memory at deep flights),
     every homogeneous stage count and every two-run (k1, k2) of every ordered pair."""
-    rng = np.random.default_rng(500 + seed)
-    n = int(rng.integers(4, 9))
-    opts = {name: _uniform_options(rng, n, int(rng.integers(1, 4)), float(rng.uniform(8, 40))) for name in "xyz"}
+    rng = np.random.default_rng(base + seed)
+    n = int(rng.integers(*slots))
+    opts = {name: _uniform_options(rng, n, int(rng.integers(*options)), float(rng.uniform(8, 40))) for name in "xyz"}
     views = {name: uniform_view(o) for name, o in opts.items()}
     rows = [(x, s, x, 0) for x in views for s in range(1, n + 1)]
     rows += [(x, k1, y, k2) for x in views for y in views if x != y
@@ -284,13 +285,7 @@ def test_step_frontiers_hold_what_a_pipeline_of_m_microbatches_takes(seed: int) 
     flight cap is the least C of the general DP's frontier with that cap."""
     from solvers.batched_runs import batched_least_bottlenecks, batched_step_frontiers, row_skeleton
 
-    rng = np.random.default_rng(900 + seed)  # longer rows than `_instance`: long frontiers near C_min
-    n = int(rng.integers(8, 16))
-    opts = {name: _uniform_options(rng, n, int(rng.integers(2, 5)), float(rng.uniform(8, 40))) for name in "xyz"}
-    views = {name: uniform_view(o) for name, o in opts.items()}
-    rows = [(x, s, x, 0) for x in views for s in range(1, n + 1)]
-    rows += [(x, k1, y, k2) for x in views for y in views if x != y
-             for k1 in range(1, n) for k2 in range(1, n) if k1 + k2 <= n]
+    n, opts, views, rows = _instance(seed, 900, (8, 16), (2, 5))  # longer rows: long frontiers near C_min
     rows += _three_run_rows(views, n)[::25]
     listed = whole_listed = 0
     for m in (1, 2, 3, 8, 40):
