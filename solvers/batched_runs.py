@@ -408,9 +408,9 @@ def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row
                               max_flight: int | None = None) -> dict[Row, float | None]:
     """Least possible largest stage F+B (the bottleneck C) over every memory-feasible split of
     each row (as in `batched_frontiers`, `max_flight` too), in one (min, max) DP for all rows: a
-    stage's F+B is at
-    least its cheapest option that fits, so no split of the row has a smaller C. With a row's
-    least A it bounds every split a cut-short frontier did not reach (`Budget.cut`)."""
+    stage's F+B is at least its cheapest option that fits, so no split of the row has a smaller
+    C. With a row's least A it bounds every split a cut-short frontier did not reach
+    (`Budget.cut`)."""
     keys = list(views)
     if not keys:
         return {}

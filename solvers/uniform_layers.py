@@ -271,16 +271,13 @@ class Budget:
 
 def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Split | None]],
                          rows: list[Hashable], max_rounds: int = 10_000,
-                         budget: Budget | None = None, caps: dict[Hashable, float] | None = None,
-                         stop: Callable[[Hashable, Split], bool] | None = None) -> dict[Hashable, list[Split]]:
+                         budget: Budget | None = None) -> dict[Hashable, list[Split]]:
     """Every non-dominated (A, C) split of each row: solve all live rows under their bottleneck caps,
     then lower each row's cap just below the bottleneck it reached, until none is feasible. Past
-    `budget`'s deadline it stops after the first round (each row's least-A split). `caps`: where
-    each row's walk starts (default +inf: the whole frontier); a row also stops once
-    `stop(row, split)` says so of the split it just reached (the caller does without the rest)."""
+    `budget`'s deadline it stops after the first round (each row's least-A split)."""
     live = list(rows)
     found: dict[Hashable, list[Split]] = {r: [] for r in live}
-    caps = {r: INF for r in live} if caps is None else dict(caps)
+    caps = {r: INF for r in live}
     for k in range(max_rounds):
         if not live:
             break
@@ -293,8 +290,6 @@ def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Spli
             if sol is None:
                 continue
             found[row].append(sol)
-            if stop is not None and stop(row, sol):
-                continue
             caps[row] = float(np.nextafter(sol.c_s, -INF))
             nxt.append(row)
         live = nxt

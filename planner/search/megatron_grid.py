@@ -286,7 +286,7 @@ def _group_shapes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
                   gpus: int) -> list[tuple[int, int]]:
     """The (tp, cp) of the grids on a prefix of `gpus` GPUs whose smallest node has `node_cap`:
     powers of two the model's heads and the sequence divide, whose tp*cp group fits a node (or,
-    where allowed, takes a power of two of whole nodes), tp fastest-varying last."""
+    where allowed, takes a power of two of whole nodes), by tp, then cp."""
     span = node_cap  # largest tp*cp group: a node, or (allowed) a power of two of whole nodes
     if cluster.allow_cross_node_tp and not node_cap & (node_cap - 1):
         span = max(powers_of_two_upto(gpus))
