@@ -350,10 +350,10 @@ _PLAIN_ROUNDS = 2  # rounds of the plain walk before a row's frontier is bounded
 def _bound_rows(batch: _Batch, keys: list[Hashable], live: list[Row], n: int, least_e: dict, found: dict,
                 low: dict, solve: Callable, m1: int, caps: dict) -> None:
     """`batched_step_frontiers`' bounds for the rows still walking: each row's least bottleneck
-    (the (min, max) DP on the batch's own least-F+B tables) and its split there, its least
+    (`_least_bottlenecks` on the batch's own tables) and its split there, its least
     A + (m - 1)·C and step so far (in `low`), and its cap lowered to where a split can still win."""
     sub = RowCodes.of(keys, live, n)
-    least_c = _coded_min_max(sub, lambda kind, f: getattr(batch, kind).fb, int(sub.total.max()))
+    least_c = _least_bottlenecks(sub, batch)
     c_of = {r: float(c) for r, c in zip(sub.live, least_c.tolist()) if math.isfinite(c)}
     rows = [r for r in live if r in c_of and least_e.get(r) is not None]
     for row, sp in zip(rows, solve(rows, [c_of[r] for r in rows])):
@@ -411,17 +411,18 @@ def batched_least_bottlenecks(views: dict[Hashable, UniformView], rows: list[Row
     stage's F+B is at least its cheapest option that fits, so no split of the row has a smaller
     C. With a row's least A it bounds every split a cut-short frontier did not reach
     (`Budget.cut`)."""
-    keys = list(views)
-    if not keys:
+    got = _batched(views, rows, max_flight)
+    if got is None:
         return {}
-    vs = [views[k] for k in keys]
-    codes = RowCodes.of(keys, rows, vs[0].n)
-    if not codes.live:
-        return {}
-    caps = [v.capacity for v in vs]
-    least = _coded_min_max(codes, lambda kind, f: _least([getattr(v, kind) for v in vs], caps, f, max_flight).fb,
-                           int(codes.total.max()))
+    codes, batch, _ = got
+    least = _least_bottlenecks(codes, batch)
     return {r: (c if math.isfinite(c) else None) for r, c in zip(codes.live, least.tolist())}
+
+
+def _least_bottlenecks(codes: RowCodes, batch: _Batch) -> np.ndarray:
+    """`batched_least_bottlenecks` of the rows `codes` holds, on the batch's least-F+B tables
+    (built for at least as many stages as the longest row)."""
+    return _coded_min_max(codes, lambda kind, f: getattr(batch, kind).fb, int(codes.total.max()))
 
 
 def _coded_min_max(codes: RowCodes, table: Callable[[str, int], np.ndarray], flights: int) -> np.ndarray:
