@@ -12,6 +12,7 @@ from planner.search.api import micro_batch_sizes
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 
 mg = importlib.import_module("planner.search.megatron_grid")  # `planner.search` is also a function
+grid_listing = importlib.import_module("planner.search.grid_listing")
 COST = AnalyticCostModel()
 MODEL = ModelSpec(name="grid-6", num_layers=6, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=8,
                   vocab=32000, activation="swiglu", norm="rmsnorm", learned_positions=False)
@@ -26,6 +27,11 @@ CASES = {
     "groups-across-nodes": (ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=4, gpus_per_node=2)],
                                         allow_cross_node_tp=True),
                             TrainingSpec(global_batch=2, seq_len=32768, max_cp=8)),
+    # slow GPUs last: the best grid leaves them out, so the whole pool's grids (the first cutoff
+    # of a search without one) are not where the answer is
+    "slow-tail": (ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=4),
+                                     NodeGroup(gpu="T4", nodes=1, gpus_per_node=4)]),
+                  TrainingSpec(global_batch=16, seq_len=2048)),
 }
 
 
@@ -81,6 +87,44 @@ def test_pruned_search_equals_solving_every_grid(case: str) -> None:
     assert fast is not None
     assert fast[0].to_json() == best[0].to_json()
     assert fast[1].step_s == best[1].step_s
+
+
+def test_the_answer_stands_when_the_validator_refuses_the_first_cutoffs_grids(monkeypatch) -> None:
+    """Without a cutoff the search takes the whole pool's least split step as its first cutoff
+    (no plan built); where the validator refuses every grid under it, it must fall back to every
+    grid. Here plans on the whole pool (where the best grid is) are refused: the answer is then the
+    best grid on a shorter prefix, as a plain scan of every grid under the same rule finds it."""
+    cluster, training = CASES["groups-across-nodes"]
+    sizes = micro_batch_sizes(training)
+    whole = len(cluster.node_list)
+    build, listed = mg._grid_plan, mg.every_grid
+    full_scans = []
+
+    def refuse_whole_pool(model, training_, cluster_, cost, lay, split):
+        return None if lay.grid[0] == whole else build(model, training_, cluster_, cost, lay, split)
+
+    def every_grid(*args, **kwargs):
+        full_scans.append(len(args) < 5 and "prefixes" not in kwargs)
+        return listed(*args, **kwargs)
+
+    assert mg.best_megatron_plan(MODEL, cluster, training, COST, sizes)[0].num_gpus == 8  # the whole pool
+    monkeypatch.setattr(mg, "_grid_plan", refuse_whole_pool)
+    monkeypatch.setattr(mg, "every_grid", every_grid)
+    placed: dict = {}
+    options: dict = {}
+    best = None
+    for grid in mg.every_grid(MODEL, cluster, training, sizes):
+        placement = mg._placement(training, cluster, grid, placed, mg.prefix_gpus(cluster))
+        lay = None if placement is None else mg._layout(MODEL, training, cluster, COST, grid, placement, options)
+        got = None if lay is None else mg._grid_split(lay, COST.knobs.step_overhead_s)
+        found = None if got is None else refuse_whole_pool(MODEL, training, cluster, COST, lay, got[0])
+        if found is not None and (best is None or found[1].step_s < best[1].step_s):
+            best = found
+    assert best is not None and best[0].num_gpus < sum(n.gpus for n in cluster.node_list)
+    full_scans.clear()
+    fast = mg.best_megatron_plan(MODEL, cluster, training, COST, sizes)
+    assert full_scans == [False, True]  # the whole pool's grids, then (every one refused) every grid
+    assert fast is not None and fast[0].to_json() == best[0].to_json()
 
 
 def test_least_bottleneck_matches_brute_force() -> None:
@@ -152,7 +196,7 @@ def _mixed_node_pool() -> tuple[ClusterSpec, TrainingSpec]:
 @pytest.mark.parametrize("case", sorted(CASES) + ["mixed-nodes"])
 def test_grids_within_a_cutoff_are_every_grid_the_pool_bound_keeps(case: str) -> None:
     """`grids_within` (by tp, cp, pp, b and dp, not by prefix) gives exactly `every_grid`'s grids
-    whose `_pool_bound` is at most the cutoff, in the same order, at cutoffs that keep none, some
+    whose `pool_bound` is at most the cutoff, in the same order, at cutoffs that keep none, some
     and all of them."""
     cluster, training = _mixed_node_pool() if case == "mixed-nodes" else CASES[case]
     sizes = micro_batch_sizes(training)
@@ -160,7 +204,7 @@ def test_grids_within_a_cutoff_are_every_grid_the_pool_bound_keeps(case: str) ->
     devs = list({dev.key: dev for dev in map(mg.device_class_of, cluster.nodes)}.values())
     low: dict = {}
     grids = mg.every_grid(MODEL, cluster, training, sizes)
-    bounds = [mg._pool_bound(MODEL, training, COST, g, gpus_upto, devs, low) for g in grids]
+    bounds = [grid_listing.pool_bound(MODEL, training, COST, g, gpus_upto, devs, low) for g in grids]
     assert len(set(bounds)) > 5
     for cut in sorted(set(bounds))[::max(1, len(set(bounds)) // 7)] + [min(bounds) * 0.5, max(bounds) * 2]:
         kept = [g for g, b in zip(grids, bounds) if b <= cut]

@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,15 +25,13 @@ from planner.costmodel.base import CostModel, Shard, device_class_of
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices, expand_devices
+from planner.search.grid_listing import Grid, every_grid, grids_within, prefix_gpus, step_bound
 from planner.search.options import OptionContext, build_options
-from planner.search.space import ResourceClass, StageShape, powers_of_two_upto
+from planner.search.space import ResourceClass, StageShape
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.partition import Split, StageOptions, best_split, least_step_split, min_max_tail
-
-
-Grid = tuple[int, int, int, int, int, str]  # (nodes, tp, cp, pp, microbatch size, recompute)
 
 
 @dataclass(frozen=True)
@@ -127,11 +125,6 @@ def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed:
     return stage_nodes, dp, training.global_batch // (b * dp), devs, per_type
 
 
-def prefix_gpus(cluster: ClusterSpec) -> list[int]:
-    """GPUs of the first k nodes, for k = 0 .. number of nodes (what `_placement` reads)."""
-    return list(itertools.accumulate((n.gpus for n in cluster.node_list), initial=0))
-
-
 def _least_bottleneck(per_type: tuple[tuple[str, int], ...], cost: dict[str, float], decoders: int) -> float:
     """Least C at which stages of these types (`per_type`: stages per device key) can hold every
     decoder layer, a stage of type t holding at most floor(C / cost[t]) of them (`cost[t]`: the
@@ -178,42 +171,13 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
         a_low = float(np.minimum.reduce(list(per_dev.values())).sum())
         work[key] = (a_low, {k: float(np.min(w[1:-1])) if len(w) > 2 else 0.0 for k, w in per_dev.items()}, {})
     a_low, per_decoder, c_of = work[key]
-    weak = _step_bound(a_low, a_low / pp, m, cost)
+    weak = step_bound(a_low, a_low / pp, m, cost)
     if weak >= cutoff_s:
         return weak
     if per_type not in c_of:
         c_of[per_type] = _least_bottleneck(per_type, per_decoder, model.num_layer_slots - 2)
     c_low = max(a_low / pp, c_of[per_type])
-    return _step_bound(a_low, c_low, m, cost)
-
-
-def _step_bound(a_low: float, c_low: float, m: int, cost: CostModel) -> float:
-    """Least step of a pipeline whose A and C are at least these, running m microbatches (tails
-    left out), a hair below so float noise never lifts it above the plan it bounds."""
-    return (a_low + (m - 1) * c_low + cost.knobs.step_overhead_s) * (1 - 1e-9)
-
-
-def _pool_low(model: ModelSpec, training: TrainingSpec, cost: CostModel, key: tuple, devs: list,
-              low: dict) -> float:
-    """A's least value for grids of this (tp, cp, microbatch size, recompute) `key` on any
-    placement: the sum over layers of the cheapest F+B any GPU type of the pool has (`low`:
-    shared across grids)."""
-    if key not in low:
-        tp, cp, b, recompute = key
-        shard = Shard(tp, cp, 1, b, recompute, training.seq_len)
-        per_dev = [cost.layer_table(dev, shard, model, training) for dev in devs]
-        low[key] = float(np.minimum.reduce([t.fwd_s + t.bwd_s for t in per_dev]).sum())
-    return low[key]
-
-
-def _pool_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid: Grid, gpus_upto: list[int],
-                devs: list, low: dict) -> float:
-    """`_work_bound`'s weaker part before any placement: A at least the sum over layers of the
-    cheapest F+B any GPU type of the pool has, C at least A / pp (`low`: A by shard, shared)."""
-    n_nodes, tp, cp, pp, b, recompute = grid
-    a_low = _pool_low(model, training, cost, (tp, cp, b, recompute), devs, low)
-    m = training.global_batch // (b * (gpus_upto[n_nodes] // (tp * cp * pp)))
-    return _step_bound(a_low, a_low / pp, m, cost)
+    return step_bound(a_low, c_low, m, cost)
 
 
 def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
@@ -244,6 +208,19 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
     e_min = min_max_tail(positions, flight)
     bound = least.a_s + (m - 1) * max(c_min or 0.0, least.a_s / pp) + (e_min or 0.0)
     return _Layout(grid, stage_nodes, positions, dp, m, (bound + cost.knobs.step_overhead_s) * (1 - 1e-9))
+
+
+@dataclass
+class _Caches:
+    """What the grid search computes once per pool, by content (a grid, or what its placement,
+    bound or stage options depend on), so that passes over different grid lists share it."""
+
+    placed: dict = field(default_factory=dict)  # `_placement`'s, by (nodes, tp*cp, pp)
+    work: dict = field(default_factory=dict)  # `_work_bound`'s per-layer F+B, by devices and shard
+    options: dict = field(default_factory=dict)  # stage options, by (device, shape, b, dp)
+    layouts: dict = field(default_factory=dict)  # by grid
+    splits: dict = field(default_factory=dict)  # by grid: its best split and step
+    plans: dict = field(default_factory=dict)  # by grid: its scored plan, or None (refused)
 
 
 NOISE = 1e-9  # relative: a split's step and the evaluator's for its plan agree far closer than this
@@ -282,91 +259,6 @@ def _grid_plan(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, c
         return None
 
 
-def _group_shapes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, node_cap: int,
-                  gpus: int) -> list[tuple[int, int]]:
-    """The (tp, cp) of the grids on a prefix of `gpus` GPUs whose smallest node has `node_cap`:
-    powers of two the model's heads and the sequence divide, whose tp*cp group fits a node (or,
-    where allowed, takes a power of two of whole nodes), by tp, then cp."""
-    span = node_cap  # largest tp*cp group: a node, or (allowed) a power of two of whole nodes
-    if cluster.allow_cross_node_tp and not node_cap & (node_cap - 1):
-        span = max(powers_of_two_upto(gpus))
-    shapes = []
-    for tp in powers_of_two_upto(min(training.max_tp, span)):
-        if model.num_heads % tp or model.kv_heads % tp or model.ffn_hidden % tp:
-            continue
-        for cp in powers_of_two_upto(min(training.max_cp, span // tp)):
-            width = tp * cp
-            if training.seq_len % cp or (node_cap % width if width <= node_cap else width % node_cap):
-                continue
-            shapes.append((tp, cp))
-    return shapes
-
-
-def every_grid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, micro_batches: list[int]) -> list[Grid]:
-    """Every grid on every prefix of the node list whose GPU count and global batch divide, in the
-    order (nodes, tp, cp, pp, microbatch size, recompute); `_placement` rejects those Megatron's
-    rank order cannot place."""
-    grids: list[Grid] = []
-    gpus_upto = prefix_gpus(cluster)
-    node_caps = list(itertools.accumulate((n.gpus for n in cluster.node_list), min))
-    for n_nodes in range(1, len(cluster.node_list) + 1):
-        gpus = gpus_upto[n_nodes]
-        for tp, cp in _group_shapes(model, cluster, training, node_caps[n_nodes - 1], gpus):
-            width = tp * cp
-            for pp in range(1, model.num_layer_slots + 1):
-                if gpus % (width * pp):
-                    continue
-                dp = gpus // (width * pp)
-                grids.extend((n_nodes, tp, cp, pp, b, rc) for b in micro_batches
-                             if training.global_batch % (b * dp) == 0 for rc in training.recompute)
-    return grids
-
-
-def grids_within(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
-                 micro_batches: list[int], cutoff_s: float, devs: list, low: dict) -> list[Grid]:
-    """`every_grid`'s grids whose `_pool_bound` is at most `cutoff_s`, in its order, found
-    without walking every prefix: a grid is fixed by (tp, cp, pp, b, dp) (its prefix is the one of
-    dp·tp·cp·pp GPUs, if any), dp divides global_batch / b, and the bound only grows with the
-    microbatches per pipeline, so for each (tp, cp, pp, b, recompute) the dps are taken from the
-    largest down until the bound passes the cutoff. On the 16,384-GPU ladder pool (2,048 prefixes)
-    walking them and bounding each grid was a third of the grid search."""
-    gpus_upto = prefix_gpus(cluster)
-    node_caps = list(itertools.accumulate((n.gpus for n in cluster.node_list), min))
-    prefix_of = {g: n for n, g in enumerate(gpus_upto) if n > 0}
-    shapes_of: dict[tuple[int, int], set[tuple[int, int]]] = {}
-
-    def fits(n_nodes: int, tp: int, cp: int) -> bool:
-        key = (node_caps[n_nodes - 1], gpus_upto[n_nodes])
-        if key not in shapes_of:
-            shapes_of[key] = set(_group_shapes(model, cluster, training, *key))
-        return (tp, cp) in shapes_of[key]
-
-    every_shape = sorted({sc for n in range(1, len(gpus_upto))
-                          for sc in _group_shapes(model, cluster, training, node_caps[n - 1], gpus_upto[n])})
-    found: list[tuple[tuple, Grid]] = []
-    divisors: dict[int, list[int]] = {}  # of q, largest first
-    for tp, cp in every_shape:
-        for pp in range(1, model.num_layer_slots + 1):
-            for bi, b in enumerate(micro_batches):
-                if training.global_batch % b:
-                    continue
-                q = training.global_batch // b
-                if q not in divisors:
-                    small = [d for d in range(1, math.isqrt(q) + 1) if q % d == 0]
-                    divisors[q] = sorted({x for d in small for x in (d, q // d)}, reverse=True)
-                live = [(ri, rc, _pool_low(model, training, cost, (tp, cp, b, rc), devs, low))
-                        for ri, rc in enumerate(training.recompute)]
-                for dp in divisors[q]:
-                    live = [x for x in live if _step_bound(x[2], x[2] / pp, q // dp, cost) <= cutoff_s]
-                    if not live:
-                        break  # fewer replicas, more microbatches each: every bound only grows
-                    n_nodes = prefix_of.get(dp * tp * cp * pp)
-                    if n_nodes is not None and fits(n_nodes, tp, cp):
-                        found.extend(((n_nodes, tp, cp, pp, bi, ri), (n_nodes, tp, cp, pp, b, rc))
-                                     for ri, rc, _ in live)
-    return [grid for _, grid in sorted(found)]
-
-
 def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
                        micro_batches: list[int], cutoff_s: float = math.inf) -> tuple[Plan, Prediction] | None:
     """The fastest Megatron-expressible plan (see module docstring), or None if none fits; of
@@ -382,29 +274,62 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     every grid's split), 1,024 GPUs 1.1-1.6 s, 16,384 GPUs 2.1-2.3 s (4.2-5.2 s when every
     improving grid's plan was built and scored). With a cutoff the grids come from `grids_within`,
     not from every prefix: at 16,384 GPUs with the best plan's step as the cutoff, 0.9-1.0 s
-    against 1.5-1.8 s, the single-type grids (`best_single_type_plan`) included."""
-    placed: dict = {}
-    work: dict = {}
-    options: dict = {}
-    gpus_upto = prefix_gpus(cluster)
+    against 1.5-1.8 s, the single-type grids (`best_single_type_plan`) included. Without one, a
+    first pass over the whole pool's grids makes one (below): `--target megatron` at 16,384 GPUs
+    1.2-1.5 s against 2.2-2.7 s."""
+    caches = _Caches()
     devs = list({dev.key: dev for dev in map(device_class_of, cluster.nodes)}.values())
-    # grids whose bound from the pool's fastest GPU type on every layer reaches the cutoff
-    grids = (every_grid(model, cluster, training, micro_batches) if cutoff_s == math.inf
-             else grids_within(model, cluster, training, cost, micro_batches, cutoff_s, devs, {}))
+    if cutoff_s < math.inf:
+        return _best_of(model, training, cluster, cost, caches, cutoff_s,
+                        grids_within(model, cluster, training, cost, micro_batches, cutoff_s, devs, {}))
+    # a first cutoff: the least step of the grids on the whole pool or, if none fits there (the
+    # global batch, the GPU count or the rank order), on the longest prefix ending a node group
+    # that has one, from their splits only, no plan; every grid under it then holds the answer,
+    # unless the validator refuses all of them
+    seed: list = []
+    for n in sorted(set(itertools.accumulate(g.nodes for g in cluster.nodes)), reverse=True):
+        ranked = _ranked(model, training, cluster, cost, caches, math.inf,
+                         every_grid(model, cluster, training, micro_batches, [n]))
+        if seed := _least_grids(model, training, cluster, cost, ranked, math.inf, caches, set()):
+            break
+    if seed:
+        cutoff_s = seed[0][0] * (1 + NOISE)
+        found = _best_of(model, training, cluster, cost, caches, cutoff_s,
+                         grids_within(model, cluster, training, cost, micro_batches, cutoff_s, devs, {}))
+        if found is not None:
+            return found
+    return _best_of(model, training, cluster, cost, caches, math.inf,
+                    every_grid(model, cluster, training, micro_batches))
+
+
+def _ranked(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, caches: _Caches,
+            cutoff_s: float, grids: list[Grid]) -> list[tuple]:
+    """(`_work_bound`, place, grid, placement) of each grid Megatron's rank order places, by bound
+    then place (what `_least_grids` walks)."""
+    gpus_upto = prefix_gpus(cluster)
     ranked = []
     for i, grid in enumerate(grids):
-        placement = _placement(training, cluster, grid, placed, gpus_upto)
+        placement = _placement(training, cluster, grid, caches.placed, gpus_upto)
         if placement is not None:
-            ranked.append((_work_bound(model, training, cost, grid, placement, work, cutoff_s), i, grid, placement))
-    order = sorted(ranked, key=lambda x: (x[0], x[1]))
-    layouts: dict[int, _Layout | None] = {}
-    splits: dict[int, tuple[Split, float] | None] = {}
+            ranked.append((_work_bound(model, training, cost, grid, placement, caches.work, cutoff_s), i, grid,
+                           placement))
+    return sorted(ranked, key=lambda x: (x[0], x[1]))
+
+
+def _best_of(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, caches: _Caches,
+             cutoff_s: float, grids: list[Grid]) -> tuple[Plan, Prediction] | None:
+    """`best_megatron_plan` over these grids (in `every_grid`'s order): the least ones by
+    `_least_grids`, their plans built and scored; `caches` (by content, not by place in `grids`)
+    are shared by calls on one pool."""
+    order = _ranked(model, training, cluster, cost, caches, cutoff_s, grids)
     refused: set[int] = set()  # grids whose plan the validator refused
     while True:
-        least = _least_grids(model, training, cluster, cost, order, cutoff_s, options, layouts, splits, refused)
+        least = _least_grids(model, training, cluster, cost, order, cutoff_s, caches, refused)
         scored = []
         for _, i, lay, split in least:
-            found = _grid_plan(model, training, cluster, cost, lay, split)
+            if lay.grid not in caches.plans:
+                caches.plans[lay.grid] = _grid_plan(model, training, cluster, cost, lay, split)
+            found = caches.plans[lay.grid]
             if found is None:
                 refused.add(i)
             elif found[1].step_s <= cutoff_s:
@@ -417,13 +342,12 @@ def best_megatron_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
 
 
 def _least_grids(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel,
-                 order: list[tuple], cutoff_s: float, options: dict, layouts: dict[int, _Layout | None],
-                 splits: dict[int, tuple[Split, float] | None], refused: set[int]
+                 order: list[tuple], cutoff_s: float, caches: _Caches, refused: set[int]
                  ) -> list[tuple[float, int, _Layout, Split]]:
     """The grids whose split's step is the least, to float noise (`NOISE`), and at most `cutoff_s`
     (to noise), each with its layout and split, by (step, place in the order); grids in `refused`
-    left out. `order`: (bound, place, grid, placement) by bound; `layouts`, `splits`: each grid's
-    once computed (kept across calls). A grid is skipped once a bound shows it above the
+    left out. `order`: (bound, place, grid, placement) by bound; each grid's layout and split are
+    computed once (`caches`, kept across calls). A grid is skipped once a bound shows it above the
     least step so far, so these are the grids the full enumeration finds least. Only their plans
     are built and scored (`best_megatron_plan`): each improving grid's plan, built and scored as
     it came, took 0.3-0.5 s at 16,384 GPUs."""
@@ -436,16 +360,17 @@ def _least_grids(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
             break  # this and every later grid is slower than the best
         if i in refused:
             continue
-        if i not in layouts:
-            layouts[i] = _layout(model, training, cluster, cost, grid, placement, options)
-        lay = layouts[i]
+        layouts, splits = caches.layouts, caches.splits
+        if grid not in layouts:
+            layouts[grid] = _layout(model, training, cluster, cost, grid, placement, caches.options)
+        lay = layouts[grid]
         if lay is None or lay.bound_s > limit:
             continue
-        if i not in splits:
-            splits[i] = _grid_split(lay, overhead)
-        if splits[i] is None:
+        if grid not in splits:
+            splits[grid] = _grid_split(lay, overhead)
+        if splits[grid] is None:
             continue
-        split, value = splits[i]
+        split, value = splits[grid]
         if value <= limit:
             found.append((value, i, lay, split))
             best = min(best, value)
