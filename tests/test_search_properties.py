@@ -74,6 +74,24 @@ def _assert_sound(result, cluster: ClusterSpec) -> None:
     assert result.lower_bound_s <= result.prediction.step_s, \
         f"lower bound {result.lower_bound_s} above the plan's step time {result.prediction.step_s}"
     assert math.isfinite(result.gap) and result.gap >= 0, f"gap {result.gap}"
+    # the alternatives are other plans: none repeats the answer (found twice, by two routes) or
+    # another alternative, and each is valid and no faster than the answer
+    shapes = [p.model_copy(update={"predicted": None}).model_dump_json() for p in [result.plan, *result.alternatives]]
+    assert len(set(shapes)) == len(shapes), "an alternative repeats the answer or another alternative"
+    for alt in result.alternatives:
+        assert not violations(alt, cluster, COST)
+        assert alt.predicted.step_s >= result.prediction.step_s
+
+
+def test_alternatives_never_repeat_the_answer() -> None:
+    """On this pool (1x2 A100-40GB + 1x4 A10 + 1x1 L4, OPT-350M) the best plan was found twice and
+    came back as its own first alternative."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=2),
+                                 NodeGroup(gpu="A10", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=1)])
+    result = search(get_model("opt-350m"), cluster, TrainingSpec(global_batch=32, seq_len=1024), cost=COST)
+    assert result.alternatives
+    _assert_sound(result, cluster)
 
 
 def _in_searched_space(result, plan, cluster: ClusterSpec) -> bool:
