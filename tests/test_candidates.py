@@ -231,3 +231,63 @@ def test_chain_queue_counts_the_tail_every_split_pays() -> None:
     assert capped[1].step_s == full[1].step_s and len(full[0].pipelines) == 1
     res = search(model, cluster, training, cost=COST)
     assert res.prediction.step_s <= full[1].step_s * (1 + 1e-9)
+
+
+def _grid_pools() -> list[tuple]:
+    """Two pools: the best grid on one GPU type alone (the V100 node, 0.2947 s, under the
+    whole-pool grid's 0.3239 s), and one where the whole-pool grid is the best."""
+    return [(_t4_3090_v100(), get_model("opt-350m"), TrainingSpec(global_batch=8, seq_len=1024)),
+            (ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-40GB", nodes=2, gpus_per_node=4),
+                                NodeGroup(gpu="V100-SXM2-16GB", nodes=1, gpus_per_node=4)]),
+             get_model("opt-350m"), TrainingSpec(global_batch=16, seq_len=1024))]
+
+
+@pytest.mark.parametrize("pool", [0, 1])
+def test_a_grid_known_without_a_cutoff_reads_as_the_grid_search_under_any_cutoff(pool: int) -> None:
+    """A time-limited search may have the best grids without a cutoff from beside the split
+    frontiers (`grid_beside_frontiers`), and `megatron_grid_candidate` reads them under each later cutoff: it
+    must give exactly what the grid search under that cutoff gives, at cutoffs above, at and
+    between the two grids' steps and just below them (ties included: a single-type grid only
+    strictly under the cutoff)."""
+    import math
+
+    from planner.search.candidates import grid_beside_frontiers, megatron_grid_candidate
+    from planner.search.units import UnitContext
+    from solvers.assign import SolverStats
+
+    cluster, model, training = _grid_pools()[pool]
+    classes = resource_classes(cluster)
+
+    def context() -> UnitContext:
+        return UnitContext(model, training, cluster, classes, COST, tuple(rc.gpus for rc in classes), [], [],
+                           set(), SolverStats(), {})
+
+    sizes = micro_batch_sizes(training)
+    fresh, known = context(), context()
+    known.known["megatron_grid"], seconds = grid_beside_frontiers(known, sizes)
+    whole, alone = known.known["megatron_grid"]
+    assert whole is not None and seconds > 0
+    assert (alone is not None) == (pool == 0)
+    steps = [whole[1].step_s] + ([alone[1].step_s] if alone is not None else [])
+    cuts = [math.inf, 0.5 * sum(steps) if alone is not None else 2 * steps[0]]
+    cuts += [x * f for x in steps for f in (1.0, 1.0 + 1e-12, 1.0 - 1e-12, 1.01, 0.99)]
+    for cut in cuts:
+        searched = megatron_grid_candidate(fresh, sizes, cut)
+        read = megatron_grid_candidate(known, sizes, cut)
+        assert (searched is None) == (read is None), cut
+        assert searched is None or searched[0].to_json() == read[0].to_json(), cut
+
+
+def test_past_the_limit_the_grid_beside_the_frontiers_is_the_plan_at_hand() -> None:
+    """With a time limit and two workers the best grids are queued after the split frontiers'
+    parts; when the limit has passed by the time the parts are in, their plan is the answer's
+    first candidate and no unit is solved for one (before, a batch of units was, and the grid
+    floor ran after it). The answer is still never slower than the grid, and its bound holds."""
+    from tests.test_search_refine import BIG_CLUSTER, BIG_MODEL, BIG_TRAINING
+
+    res = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, time_limit=1e-6, workers=2)
+    grid = best_megatron_plan(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, COST, micro_batch_sizes(BIG_TRAINING))
+    assert grid is not None and res.timed_out
+    assert res.stats["assignments"] == 0 and res.stats["megatron_grid_added"] == 1
+    assert res.lower_bound_s <= res.prediction.step_s <= grid[1].step_s
+    assert res.stats["megatron_grid_s"] > 0
