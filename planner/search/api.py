@@ -32,7 +32,7 @@ from planner.costmodel.base import CostModel, Shard
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s, fluid_work
-from planner.search.candidates import add_if_faster, grid_beside_frontiers, megatron_grid_candidate, wants_chains
+from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
@@ -239,7 +239,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     coverages: set[str] = set()
     timed_out = False
     grid_s = chain_s = 0.0  # seconds spent on the Megatron-grid and the mesh-chain candidates
-    grid_before = 0.0  # of them, beside the frontiers (time-limited searches)
     unsolved_sizes: set[int] = set()
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
                 "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
@@ -297,16 +296,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 progress((bi + k / len(units)) / len(sizes), f"micro_batch {b}, pipelines {u.lo}-{u.hi}")
             timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
     if pending:
-        # under a time limit the best grids run in a worker the frontier parts leave free: if the
-        # limit passes before any plan exists, theirs is the plan at hand (no unit batch solved
-        # for one) and the grid floor past the limit costs nothing more
-        beside = (lambda: grid_beside_frontiers(ctx, sizes)) if time_limit is not None else None
-        ran, out = prefetch_frontiers(providers, workers, beside,
-                                      wait=lambda: time.perf_counter() - start > time_limit and not candidates)
-        if ran:
-            ctx.known["megatron_grid"], grid_before = out  # type: ignore[misc]
-            if time.perf_counter() - start > time_limit and not candidates:  # type: ignore[operator]
-                add_if_faster(ctx, megatron_grid_candidate(ctx, sizes, math.inf), "megatron_grid_added")
+        prefetch_frontiers(providers, workers)
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
             deadline = None if time_limit is None else start + time_limit
@@ -326,7 +316,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
             elif not timed_out and "exact" not in coverages:
                 grid_s, chain_s, timed_out = beyond_coverage(ctx, pool, sizes, chains, coverages, deadline)
-            grid_s += grid_before
     bounds.extend(su.bound_s for su in ctx.solved)
     # a frontier the deadline cut short leaves poorer plans (the bound holds): work cut short too
     timed_out = timed_out or any(getattr(p, "cut_short", False) for p in providers)

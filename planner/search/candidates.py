@@ -30,39 +30,13 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     replace the answer of refinement and the polish. Grids on one GPU type alone whose nodes do not
     open the file (no prefix holds them) are searched too (`best_single_type_plan`), so the answer
     is never slower than those either (the issue's "nor than the best plan on any single GPU type
-    alone"). Where the search already has both without a cutoff (`grid_beside_frontiers`), they
-    are read under this cutoff by the same rules (the whole-pool grid if at most the cutoff, a
-    single-type one only if strictly under it and under that grid), so the answer is the same."""
+    alone")."""
     from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
 
-    if "megatron_grid" in ctx.known:
-        whole, alone_any = ctx.known["megatron_grid"]  # type: ignore[misc]
-        found = whole if whole is not None and whole[1].step_s <= cutoff_s else None
-        limit = found[1].step_s if found is not None else cutoff_s
-        alone = alone_any if alone_any is not None and alone_any[1].step_s < limit else None
-    else:
-        found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
-        cutoff_s = found[1].step_s if found is not None else cutoff_s
-        alone = best_single_type_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
+    found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
+    cutoff_s = found[1].step_s if found is not None else cutoff_s
+    alone = best_single_type_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
     return alone if alone is not None and (found is None or alone[1].step_s < found[1].step_s) else found
-
-
-def grid_beside_frontiers(ctx: UnitContext, sizes: list[int]) -> tuple[tuple, float]:
-    """The best Megatron grid over prefixes of the node list and the best on one GPU type alone
-    below it, both without a cutoff (what `megatron_grid_candidate` reads from `ctx.known`), and
-    their seconds. A time-limited search runs this in a worker the split frontiers leave free
-    (`parallel.prefetch_frontiers`), so that when the limit passes there is a plan at once (no
-    unit batch solved for one) and the grid floor past the limit costs nothing; a search the
-    limit does not cut short gives the same answer as without it."""
-    import time
-
-    from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
-
-    start = time.perf_counter()
-    whole = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes)
-    alone = best_single_type_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes,
-                                  cutoff_s=whole[1].step_s if whole is not None else math.inf)
-    return (whole, alone), time.perf_counter() - start
 
 
 def add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, stat: str) -> None:

@@ -5,9 +5,7 @@
   until every worker has as many tasks, as every part repeats the stage options and pruning) and
   computed in forked processes (each inherits the providers and returns its frontiers, and the
   first part of a size the option costing's bases) before any unit is solved; the parent puts
-  them back in one fixed order. A time-limited search queues the best Megatron grids after the
-  parts (`prefetch_frontiers`' `beside`), taken only if ready when the parts are, or where the
-  limit has passed with no plan.
+  them back in one fixed order.
 * Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
   plan known when its batch started; a batch's units run in worker processes forked once for the
   whole loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts are merged
@@ -94,50 +92,19 @@ def frontier_parts(sizes: int, workers: int) -> list[int]:
     return parts
 
 
-def prefetch_frontiers(providers: list, workers: int, beside: Callable[[], object] | None = None,
-                       wait: Callable[[], bool] = lambda: False) -> tuple[bool, object]:
+def prefetch_frontiers(providers: list, workers: int) -> None:
     """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
-    a single task). `beside`, where given and the processes fork, is queued after every frontier
-    part, so it takes a worker only once no part waits for one; when the parts are in, its result
-    is taken if ready, or waited for if `wait()` says so, else it is dropped (its worker
-    stopped). Returns whether it was taken, and its result."""
+    a single task)."""
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
     parts = frontier_parts(len(todo), workers)
     tasks = [(p, k, n) for p, n in zip(todo, parts) for k in range(n)]
-    if beside is None or not tasks or not _can_fork(workers, len(tasks) + 1):
-        if not _can_fork(workers, len(tasks)):
-            return False, None
-        states, _ = _map(lambda i: tasks[i][0].frontier_part(tasks[i][1], tasks[i][2]), len(tasks), workers)
-        taken, out = False, None
-    else:
-        states, taken, out = _frontiers_and_beside(tasks, workers, beside, wait)
+    if not _can_fork(workers, len(tasks)):
+        return
+    states, _ = _map(lambda i: tasks[i][0].frontier_part(tasks[i][1], tasks[i][2]), len(tasks), workers)
     at = 0
     for provider, n in zip(todo, parts):
         provider.adopt_frontier_parts(states[at:at + n])
         at += n
-    return taken, out
-
-
-def _frontiers_and_beside(tasks: list[tuple], workers: int, beside: Callable[[], object],
-                          wait: Callable[[], bool]) -> tuple[list, bool, object]:
-    """`prefetch_frontiers`' forked case with a task beside the parts: (the parts' states, whether
-    `beside`'s result was taken, that result)."""
-    global _JOB
-
-    def job(i: int) -> object:
-        return beside() if i == len(tasks) else tasks[i][0].frontier_part(tasks[i][1], tasks[i][2])
-
-    _JOB = job
-    try:
-        with mp.get_context("fork").Pool(min(workers, len(tasks) + 1)) as pool:
-            parts = pool.map_async(_run, range(len(tasks)), chunksize=1)
-            late = pool.apply_async(_run, (len(tasks),))  # queued after every part
-            states = parts.get()
-            if late.ready() or wait():
-                return states, True, late.get()
-            return states, False, None  # leaving the block stops its worker
-    finally:
-        _JOB = None
 
 
 @dataclass

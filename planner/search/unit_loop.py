@@ -239,9 +239,7 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     72, 45 s instead of 80 s. Past the deadline only the floor engine candidates run
     (`candidates.FLOOR_ENGINES`: the Megatron grid, so that a time-limited answer is not slower
     than the best grid either; with the best plan as its cutoff it costs 0.4, 1.3 and 2.0 s past
-    a 1 s limit on the 64, 1,024 and 16,384-GPU ladder pools, `search_scale.py --time-limit 1`,
-    and nothing where the search found the grids beside the frontiers,
-    `candidates.grid_beside_frontiers`).
+    a 1 s limit on the 64, 1,024 and 16,384-GPU ladder pools, `search_scale.py --time-limit 1`).
     Returns whether the deadline cut something short, and the seconds each engine candidate took."""
     def past() -> bool:
         return deadline is not None and time.perf_counter() > deadline

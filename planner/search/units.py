@@ -89,9 +89,6 @@ class UnitContext:
     stats: SolverStats
     explored: dict[str, int]
     solved: list["SolvedUnit"] = field(default_factory=list)  # appended to: solved units' bounds
-    # engine candidates already searched without a cutoff (`candidates.grid_beside_frontiers`), by
-    # name: their answer under any cutoff is read off it
-    known: dict[str, object] = field(default_factory=dict)
 
 
 REFINE_RATIOS = (1.5, 1.15, 1.05)  # tail-level ratios of a unit's successive refinements
