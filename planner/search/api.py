@@ -405,15 +405,19 @@ def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
 
 def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:
     """The next `top_k` distinct plans after the best (which may have been found more than once).
-    Plans are told apart by their compact JSON: the pretty `Plan.to_json` of a 16,384-GPU plan
-    took 0.1-0.5 s, and this runs after the search, in the parent."""
-    seen: set[str] = {candidates[0].plan.model_dump_json()} if candidates else set()
+    Plans are told apart by their compact JSON without any prediction block: the pretty
+    `Plan.to_json` of a 16,384-GPU plan took 0.1-0.5 s, and this runs after the search, in the
+    parent."""
+    def key(plan: Plan) -> str:
+        return plan.model_copy(update={"predicted": None}).model_dump_json()
+
+    seen: set[str] = {key(candidates[0].plan)} if candidates else set()
     out = []
     for c in candidates[1:]:
-        key = c.plan.model_dump_json()
-        if key in seen:
+        k = key(c.plan)
+        if k in seen:
             continue
-        seen.add(key)
+        seen.add(k)
         out.append(c.plan.model_copy(update={"predicted": c.prediction}))
         if len(out) >= top_k:
             break
