@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 
 import numpy as np
@@ -59,6 +59,16 @@ def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: in
         usage=np.fromiter(chain.from_iterable(t.usage for t in templates), dtype=np.int64,
                           count=n * width).reshape(n, width),
         avail=np.array(avail, dtype=np.int64), microbatches=microbatches, replicas=replicas)
+
+
+def _extended(problem: AssignProblem, templates: list[Template]) -> AssignProblem:
+    """`problem` with `templates` appended: the arrays `_problem` builds for the joined list,
+    converting only the new templates."""
+    if not templates:
+        return problem
+    more = _problem(templates, tuple(problem.avail.tolist()), problem.microbatches, problem.replicas)
+    return replace(problem, **{name: np.concatenate([getattr(problem, name), getattr(more, name)])
+                               for name in ("a_s", "c_s", "e_s", "max_microbatches", "usage")})
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,12 +264,13 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     overhead = ctx.cost.knobs.step_overhead_s
     lb_set, done = su.lb_set, set()
     # tails above e_cap cannot be in a plan that beats the incumbent: the levels stop there
-    pipe = pipeline_time_bound(_problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi)), ctx.stats)
+    # each round's problem is the next round's start (building it is a pass over every template)
+    problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+    pipe = pipeline_time_bound(problem, ctx.stats)
     e_cap = incumbent_s - overhead - (pipe or 0.0)
     for _ in range(max_rounds):
         if deadline is not None and time.perf_counter() > deadline:
             break
-        problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
         used = lp_support(problem, su.bound_s - overhead, stats=ctx.stats, fewest=True)
         groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used)
                   if lb_set[k].skeleton is not None} - done - {None}
@@ -276,8 +287,9 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         kept = [t for t in lb_set if provider.skeleton_group(t.skeleton or ()) not in covered]
         lb_set = list(heapq.merge(kept, prune_templates(new, bound_key), key=bound_key))
         unit = SolverStats()
-        lb = solve_assignment_lp(_problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
-                                 incumbent_s=incumbent_s - overhead, deadline=deadline, bound_only=True)
+        problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+        lb = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline,
+                                 bound_only=True)
         ctx.stats.ilp_solves += unit.ilp_solves
         if lb is None or unit.truncated:
             break
@@ -361,7 +373,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     if not extra and not whole:
         return False
     plan_set = plan_set + extra
-    problem = _problem(plan_set, *args)
+    problem = _extended(plan_problem, extra)
     unit = SolverStats()
     sol = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline)
     if extra and sol is not None and any(sol.counts):  # without extras: the unit's own plan again
