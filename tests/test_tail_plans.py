@@ -211,6 +211,26 @@ def test_polish_shards_optimizer_states_over_the_units_pipelines() -> None:
     assert any(sum(s.gpu == "RTX-4090" for s in p.stages) >= 4 for p in res.plan.pipelines)
 
 
+
+def test_polish_caps_tails_by_what_the_bound_templates_allow(no_grid_candidate: None) -> None:
+    """OPT-30B at 65,536 tokens with ZeRO-1 on 2x2 A100-80 + 3x8 A10 + 4 H200 (`many_types.py
+    --seed 7`, pool 14). Its plan templates (memory as for one pipeline) hold no plan of two
+    pipelines, and one pipeline of A10 and H200 stages runs 2,214 s. The polish keeps only extra
+    templates whose tail fits under the incumbent less a pipeline time no plan of the unit can
+    beat; that time came from the plan templates, i.e. from the one-pipeline plan (2,213.8 s), which
+    capped the extras' tails at 0.41 s and left out the A100 -> H200 pipeline (tail 0.78 s) that,
+    beside H200 -> A10, runs 1,707.5 s. From the bound templates, which hold every plan of the
+    unit, the cap lets it in."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=2),
+                                 NodeGroup(gpu="A10", nodes=3, gpus_per_node=8),
+                                 NodeGroup(gpu="H200-SXM-141GB", nodes=4, gpus_per_node=1)])
+    training = TrainingSpec(global_batch=256, seq_len=65536, zero=1)
+    res = search(get_model("opt-30b"), cluster, training, cost=COST)
+    assert len(res.plan.pipelines) == 2
+    assert res.lower_bound_s <= res.prediction.step_s < 1750.0
+    assert res.gap <= 0.015
+    assert {s.gpu for p in res.plan.pipelines for s in p.stages} == {"A100-SXM4-80GB", "A10", "H200-SXM-141GB"}
+
 def _provider() -> BlocksProvider:
     """The blocks provider of CLUSTER's microbatch size 8, pipelines of up to two runs."""
     classes = resource_classes(CLUSTER)

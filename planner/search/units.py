@@ -364,8 +364,11 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     used_x = lp_support(_problem(across, *args), su.bound_s - overhead, stats=ctx.stats) if across else []
     skeletons |= {across[k].skeleton for k in np.flatnonzero(used_x)}
     skeletons |= {protos[plan_set[k].proto].skeleton for k in np.flatnonzero(used)}
-    # tails above e_cap cannot be in a plan that beats the incumbent
-    pipe = pipeline_time_bound(plan_problem, ctx.stats)
+    # tails above e_cap cannot be in a plan that beats the incumbent: the pipeline time under it
+    # comes from the bound templates, which hold every plan of the unit (the extras' too); the
+    # plan templates' own (a plan of one pipeline in a unit of two, say) capped the extras at a
+    # tail below the one a faster plan needs
+    pipe = pipeline_time_bound(_problem(lb_set, *args), ctx.stats) if lb_set else None
     extra = provider.tail_plan_templates(u.lo, nearby_rows(skeletons - {None}),
                                          e_cap=incumbent_s - overhead - (pipe or 0.0))
     # whole copies only where the incumbent is more than whole_gap above the unit's bound
