@@ -76,9 +76,9 @@ def test_nothing_below_a_bound_reached() -> None:
 def test_polish_finds_whole_copy_plans_rounding_misses(monkeypatch) -> None:
     """Llama-2 7B at 65,536 tokens, global batch 512, ZeRO-1, on 8 H100 + 32 A100-40 + 4 V100-16
     (`benchmarks/many_types.py --seed 3` pool 9): the polish's whole-copy search (`units.polish_unit`)
-    finds a plan 0.8 % faster than any rounding of the LP found (406.01 s against 409.32 s), which
-    closes the gap to the 1.5 % target (1.59 % without it; 2.19 % before the LP counted its fewest
-    pipelines, `solvers.count_floor`)."""
+    finds a plan faster than any rounding of the LP found: 406.01 s against 407.11 s (0.27 %; it was
+    409.32 s, gap 1.59 %, before the polish capped its extra templates' tails by the bound templates'
+    pipeline time instead of the plan templates')."""
     from planner.costmodel.analytic import AnalyticCostModel
     from planner.evaluate import evaluate
     from planner.search import search, units
@@ -96,4 +96,4 @@ def test_polish_finds_whole_copy_plans_rounding_misses(monkeypatch) -> None:
     assert abs(evaluate(res.plan, cluster, cost).step_s - res.prediction.step_s) <= 1e-9 * res.prediction.step_s
     monkeypatch.setattr(units, "integral_plan", lambda *a, **k: None)
     rounded = search(*args, cost=cost, workers=2)
-    assert rounded.prediction.step_s > 1.005 * res.prediction.step_s and rounded.gap > 0.015
+    assert rounded.prediction.step_s > (1 + 1e-3) * res.prediction.step_s
