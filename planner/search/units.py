@@ -353,7 +353,8 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     # plan templates reach the incumbent with
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
     args = (ctx.avail, u.microbatches, (u.lo, u.hi))
-    used_lb = lp_support(_problem(lb_set, *args), su.bound_s - overhead, stats=ctx.stats) if lb_set else []
+    lb_problem = _problem(lb_set, *args) if lb_set else None
+    used_lb = lp_support(lb_problem, su.bound_s - overhead, stats=ctx.stats) if lb_problem else []
     plan_problem = _problem(plan_set, *args)
     used = lp_support(plan_problem, incumbent_s - overhead, stats=ctx.stats)
     protos = provider.plan_protos
@@ -368,7 +369,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     # comes from the bound templates, which hold every plan of the unit (the extras' too); the
     # plan templates' own (a plan of one pipeline in a unit of two, say) capped the extras at a
     # tail below the one a faster plan needs
-    pipe = pipeline_time_bound(_problem(lb_set, *args), ctx.stats) if lb_set else None
+    pipe = pipeline_time_bound(lb_problem, ctx.stats) if lb_problem else None
     extra = provider.tail_plan_templates(u.lo, nearby_rows(skeletons - {None}),
                                          e_cap=incumbent_s - overhead - (pipe or 0.0))
     # whole copies only where the incumbent is more than whole_gap above the unit's bound
