@@ -211,7 +211,6 @@ def test_polish_shards_optimizer_states_over_the_units_pipelines() -> None:
     assert any(sum(s.gpu == "RTX-4090" for s in p.stages) >= 4 for p in res.plan.pipelines)
 
 
-
 def test_polish_caps_tails_by_what_the_bound_templates_allow(no_grid_candidate: None) -> None:
     """OPT-30B at 65,536 tokens with ZeRO-1 on 2x2 A100-80 + 3x8 A10 + 4 H200 (`many_types.py
     --seed 7`, pool 14). Its plan templates (memory as for one pipeline) hold no plan of two
@@ -230,6 +229,7 @@ def test_polish_caps_tails_by_what_the_bound_templates_allow(no_grid_candidate: 
     assert res.lower_bound_s <= res.prediction.step_s < 1750.0
     assert res.gap <= 0.015
     assert {s.gpu for p in res.plan.pipelines for s in p.stages} == {"A100-SXM4-80GB", "A10", "H200-SXM-141GB"}
+
 
 def _provider() -> BlocksProvider:
     """The blocks provider of CLUSTER's microbatch size 8, pipelines of up to two runs."""
