@@ -65,20 +65,26 @@ class Split(NamedTuple):
         return float(max(self.tails))
 
 
+def _feasible_fb(opts: StageOptions, in_flight: int, c: float, e: float,
+                 cell: tuple = (slice(None), slice(None))) -> np.ndarray:
+    """F+B per option over the layer ranges `cell` selects (every (i, j) by default), +inf where an
+    option exceeds the bottleneck cap c, the tail cap e or memory with `in_flight` microbatches."""
+    at = (slice(None), *cell)
+    fb = opts.fb[at]
+    ok = (fb <= c) & (opts.tail[at] <= e) & (opts.mem_fixed[at] + in_flight * opts.act[at] <= opts.capacity)
+    return np.where(ok, fb, INF)
+
+
 def _cost_matrix(opts: StageOptions, in_flight: int, c: float, e: float) -> np.ndarray:
     """Least F+B over feasible options for each (i, j). Which option gives it is asked only for
     the split's own cells (`_least_option`): an argmin over every cell, and the gather by it, had
     cost 4-7x the minimum alone."""
-    ok = (opts.fb <= c) & (opts.tail <= e) & (opts.mem_fixed + in_flight * opts.act <= opts.capacity)
-    return np.where(ok, opts.fb, INF).min(axis=0)
+    return _feasible_fb(opts, in_flight, c, e).min(axis=0)
 
 
 def _least_option(opts: StageOptions, in_flight: int, c: float, e: float, i: int, j: int) -> int:
     """The first option of least feasible F+B for layers [i, j): `_cost_matrix`'s rule on one cell."""
-    fb = opts.fb[:, i, j]
-    ok = (fb <= c) & (opts.tail[:, i, j] <= e) & (opts.mem_fixed[:, i, j] + in_flight * opts.act[:, i, j]
-                                                  <= opts.capacity)
-    return int(np.argmin(np.where(ok, fb, INF)))
+    return int(np.argmin(_feasible_fb(opts, in_flight, c, e, (i, j))))
 
 
 def best_split(positions: list[StageOptions], c: float = INF, e: float = INF,
