@@ -315,7 +315,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 timed_out = cut or timed_out
                 grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
             elif not timed_out and "exact" not in coverages:
-                grid_s, chain_s, timed_out = beyond_coverage(ctx, pool, sizes, chains, coverages, deadline)
+                grid_s, chain_s, timed_out = beyond_coverage(ctx, pool, sizes, chains, coverages, deadline,
+                                                             refine_gap)
     bounds.extend(su.bound_s for su in ctx.solved)
     # a frontier the deadline cut short leaves poorer plans (the bound holds): work cut short too
     timed_out = timed_out or any(getattr(p, "cut_short", False) for p in providers)
