@@ -1,13 +1,14 @@
 """The default search on random pools of many GPU types: time, step, gap and what the mesh chains did.
 
-    python benchmarks/many_types.py [--seed 1] [--count 24] [--time-limit 120] [--workers 1] [--csv FILE]
+    python benchmarks/many_types.py [--seed 1 [2 ...]] [--count 24] [--time-limit 120] [--workers 1] [--csv FILE]
 
 `chain_check.py` and `random_search.py` draw pools of two or three types and at most ~60 GPUs; users
 with mixed fleets meet more: here three to seven of eleven types, 1-16 nodes of 1-8 GPUs each (up to
 several hundred GPUs), eight models up to 70B, 1k-64k tokens, global batches 8-1,024, ZeRO 0 or 1.
 Each plan is checked again: the validator must accept it and the evaluator must reproduce its
 step, else the row says so. Draws that fit nowhere are listed with the reason. Times vary by 10-30 %
-from run to run on a busy 2-core machine.
+from run to run on a busy 2-core machine. The last lines sum the run up: how many draws fit, how
+many of those end within a 2 % gap (the issue's target), which do not, and the search times.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,7 +34,8 @@ from planner.validate import violations
 GPUS = ("RTX-3090", "RTX-4090", "A100-SXM4-40GB", "A100-SXM4-80GB", "V100-SXM2-16GB", "V100-SXM2-32GB", "T4", "A10",
         "L4", "H100-SXM5-80GB", "H200-SXM-141GB")
 MODELS = ("opt-350m", "gpt-neo-2.7b", "llama2-7b", "llama3-8b", "llama2-13b", "gpt3-6.7b", "llama2-70b", "opt-30b")
-HEAD = ["#", "pool", "GPUs", "search s", "step s", "lower bound s", "gap %", "GPUs used", "chain", "timed out", "check"]
+GAP_GOAL = 0.02  # the gap the summary counts pools within
+HEAD = ["seed", "#", "pool", "GPUs", "search s", "step s", "lower bound s", "gap %", "GPUs used", "chain", "timed out", "check"]
 
 
 def draw(rng: random.Random) -> tuple[str, ModelSpec, ClusterSpec, TrainingSpec]:
@@ -50,34 +53,58 @@ def draw(rng: random.Random) -> tuple[str, ModelSpec, ClusterSpec, TrainingSpec]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--count", type=int, default=24)
+    ap.add_argument("--seed", type=int, nargs="+", default=[1], help="one or more seeds, run in turn")
+    ap.add_argument("--count", type=int, default=24, help="draws per seed")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--csv", type=Path, default=None)
     args = ap.parse_args()
     cost = AnalyticCostModel()
-    rng = random.Random(args.seed)
     rows: list[list[str]] = []
+    drawn = 0
     print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD), flush=True)
-    for i in range(args.count):
-        name, model, cluster, training = draw(rng)
-        try:
-            res = api.search(model, cluster, training, cost=cost, time_limit=args.time_limit, workers=args.workers)
-        except HetplanError as e:
-            print(f"| {i} | {name} | {cluster.num_gpus} | {e} |", flush=True)
-            continue
-        again = evaluate(res.plan, cluster, cost).step_s
-        ok = not violations(res.plan, cluster, cost) and abs(again - res.prediction.step_s) <= 1e-9 * again
-        row = [str(i), name, str(cluster.num_gpus), f"{res.stats['search_s']:.2f}", f"{res.prediction.step_s:.5f}",
-               f"{res.lower_bound_s:.5f}", f"{100 * res.gap:.2f}", str(res.plan.num_gpus),
-               "won" if res.stats.get("chain_added") else ("ran" if res.stats.get("chain_s") else "-"),
-               str(res.timed_out), "ok" if ok else "FAILED"]
-        rows.append(row)
-        print("| " + " | ".join(row) + " |", flush=True)
+    for seed in args.seed:
+        rng = random.Random(seed)
+        for i in range(args.count):
+            name, model, cluster, training = draw(rng)
+            drawn += 1
+            try:
+                res = api.search(model, cluster, training, cost=cost, time_limit=args.time_limit,
+                                 workers=args.workers)
+            except HetplanError as e:
+                print(f"| {seed} | {i} | {name} | {cluster.num_gpus} | {e} |", flush=True)
+                continue
+            again = evaluate(res.plan, cluster, cost).step_s
+            ok = not violations(res.plan, cluster, cost) and abs(again - res.prediction.step_s) <= 1e-9 * again
+            row = [str(seed), str(i), name, str(cluster.num_gpus), f"{res.stats['search_s']:.2f}",
+                   f"{res.prediction.step_s:.5f}", f"{res.lower_bound_s:.5f}", f"{100 * res.gap:.2f}",
+                   str(res.plan.num_gpus),
+                   "won" if res.stats.get("chain_added") else ("ran" if res.stats.get("chain_s") else "-"),
+                   str(res.timed_out), "ok" if ok else "FAILED"]
+            rows.append(row)
+            print("| " + " | ".join(row) + " |", flush=True)
+    print(summary(rows, drawn))
     if args.csv is not None:
         with args.csv.open("w", newline="") as f:
             csv.writer(f).writerows([HEAD] + rows)
+
+
+def summary(rows: list[list[str]], drawn: int) -> str:
+    """The run in a few lines: draws that fit, how many of them end within `GAP_GOAL`, the rest by
+    seed and pool with their gaps, and the search times."""
+    at = {name: k for k, name in enumerate(HEAD)}
+    gaps = [float(r[at["gap %"]]) for r in rows]
+    times = sorted(float(r[at["search s"]]) for r in rows)
+    over = [f"seed {r[at['seed']]} pool {r[at['#']]} {r[at['gap %']]} %" for r, g in zip(rows, gaps)
+            if g > 100 * GAP_GOAL]
+    lines = [f"{len(rows)} of {drawn} draws fit; {len(rows) - len(over)} of them end within a "
+             f"{100 * GAP_GOAL:.0f} % gap" + (f"; above it: {', '.join(over)}" if over else "")]
+    if times:
+        lines.append(f"search s: median {statistics.median(times):.1f}, least {times[0]:.1f}, most {times[-1]:.1f}")
+    failed = sum(r[at["check"]] != "ok" for r in rows)
+    if failed:
+        lines.append(f"{failed} plans FAILED the validator or the evaluator's step")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
