@@ -35,7 +35,8 @@ GPUS = ("RTX-3090", "RTX-4090", "A100-SXM4-40GB", "A100-SXM4-80GB", "V100-SXM2-1
         "L4", "H100-SXM5-80GB", "H200-SXM-141GB")
 MODELS = ("opt-350m", "gpt-neo-2.7b", "llama2-7b", "llama3-8b", "llama2-13b", "gpt3-6.7b", "llama2-70b", "opt-30b")
 GAP_GOAL = 0.02  # the gap the summary counts pools within
-HEAD = ["seed", "#", "pool", "GPUs", "search s", "step s", "lower bound s", "gap %", "GPUs used", "chain", "timed out", "check"]
+HEAD = ["seed", "#", "pool", "GPUs", "search s", "step s", "lower bound s", "gap %", "GPUs used", "chain", "timed out",
+        "check"]
 
 
 def draw(rng: random.Random) -> tuple[str, ModelSpec, ClusterSpec, TrainingSpec]:
