@@ -104,7 +104,7 @@ def summary(rows: list[list[str]], drawn: int) -> str:
         lines.append(f"search s: median {statistics.median(times):.1f}, least {times[0]:.1f}, most {times[-1]:.1f}")
     failed = sum(r[at["check"]] != "ok" for r in rows)
     if failed:
-        lines.append(f"{failed} plans FAILED the validator or the evaluator's step")
+        lines.append(f"{failed} of those plans FAILED the validator or the evaluator's step")
     return "\n".join(lines)
 
 
