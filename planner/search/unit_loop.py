@@ -98,7 +98,7 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
             return True
         if min(ctx.bounds, default=np.inf) < lowest:
             return False  # a skipped unit's cheap bound is the lowest: refining solved units cannot help
-        goal = best / (1 + target) if floor is None else min(floor, best / (1 + target))
+        goal = best / (1 + target) if floor is None else floor  # a floor is set below that goal
         open_units = [su for su in sorted(ctx.solved, key=lambda x: x.bound_s) if not reached(su.bound_s)
                       and (su.next_ratio() is not None or su.unit.lo < su.unit.hi)]
         if not open_units or open_units[0].bound_s > lowest:
