@@ -25,23 +25,54 @@ import time
 
 import numpy as np
 
-from solvers.assign import AssignProblem, SolverStats, _check, _Groups
+from solvers.assign import AssignProblem, SolverStats, _caps, _check, _Groups
+
+
+def reach(p: AssignProblem, t: float, stats: SolverStats, groups: _Groups | None = None, buckets: int = 16,
+          time_limit_s: float = 10.0, work_s: float = 0.2, split: bool = False,
+          max_checks: int | None = None) -> tuple[bool, np.ndarray | None]:
+    """Whether whole copy counts may finish a step below t (module doc: False proves none do),
+    with the counts found, the witness (None where a check cut short proved nothing, or none
+    reach). A caller that can tighten the witness's templates may ask again at the same t.
+
+    With `split` a tail range [e_lo, e_hi] whose check finds copies whose largest tail e_w is
+    above e_lo is not taken as reached unless those copies also fit at pipeline time t - e_w;
+    else it is cut at e_w into [e_lo, e_w) and [e_w, e_hi], each checked in turn (the first holds
+    every plan whose largest tail is below e_w, the second every other). A range lets every copy
+    run until t - e_lo while its tail may be e_hi, so a wide one reaches where no plan does (tails
+    a fifth of the step, on a 16-range cut of thousands of distinct tails). Past `max_checks`
+    feasibility checks (counted in `stats`) the answer is "reached", which proves nothing."""
+    groups = groups or _Groups.of_problem(p)
+    tails = np.unique(p.e_s[p.a_s + p.e_s < t])
+    parts = list(np.array_split(tails, min(buckets, len(tails)))) if len(tails) else []
+    while parts:
+        part = parts.pop(0)
+        if max_checks is not None and stats.feasibility_checks >= max_checks:
+            return True, None
+        timed_out = stats.timed_out
+        stats.timed_out = False
+        found = _check(p, p.e_s <= part[-1], t - part[0], "cpsat", time_limit_s, stats, groups, work_s)
+        cut, stats.timed_out = stats.timed_out, timed_out or stats.timed_out
+        if cut:
+            return True, None
+        if found is None:
+            continue
+        e_w = float(np.max(p.e_s[found > 0]))
+        if not split or e_w <= part[0] or _holds(p, found, t - e_w):
+            return True, found
+        parts[:0] = [x for x in (part[part < e_w], part[part >= e_w]) if len(x)]
+    return False, None
+
+
+def _holds(p: AssignProblem, counts: np.ndarray, pipe_s: float) -> bool:
+    """Whether `counts` copies hold every microbatch within pipeline time `pipe_s`."""
+    return int(np.dot(counts, _caps(p, counts > 0, pipe_s))) >= p.microbatches
 
 
 def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, work_s: float,
                  stats: SolverStats, groups: _Groups) -> bool:
     """Whether no whole copy counts finish a step below t (module doc)."""
-    tails = np.unique(p.e_s[p.a_s + p.e_s < t])
-    if not len(tails):
-        return True
-    for part in np.array_split(tails, min(buckets, len(tails))):
-        timed_out = stats.timed_out
-        stats.timed_out = False
-        found = _check(p, p.e_s <= part[-1], t - part[0], "cpsat", time_limit_s, stats, groups, work_s)
-        cut, stats.timed_out = stats.timed_out, timed_out or stats.timed_out
-        if found is not None or cut:
-            return False
-    return True
+    return not reach(p, t, stats, groups, buckets, time_limit_s, work_s)[0]
 
 
 def integral_bound(p: AssignProblem, proven_s: float, goal_s: float, rel_tol: float = 1e-3, buckets: int = 16,

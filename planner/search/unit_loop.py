@@ -13,7 +13,7 @@ import numpy as np
 
 from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
 from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
-from planner.search.units import SolvedUnit, Unit, UnitContext, lift_unit, skip_units
+from planner.search.units import SolvedUnit, Unit, UnitContext, lift_unit, skip_units, witness_plan
 
 Progress = Callable[[float, str], None]
 
@@ -108,6 +108,10 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
             low = min(stuck, key=lambda su: (su.unit.b, su.unit.lo))
             lift_unit(low, ctx, goal, deadline)
             ctx.explored["units_lifted"] = ctx.explored.get("units_lifted", 0) + 1
+            if low.bound_s < goal * (1 - 1e-6) and witness_plan(low, ctx, best, deadline):
+                # whole copies near the lift's witness beat the best plan: a lower goal
+                best = min(c.step_s for c in ctx.candidates)
+                goal = best / (1 + target) if floor is None else min(floor, best / (1 + target))
             if low.bound_s < goal * (1 - 1e-6):
                 floor = low.bound_s
             continue

@@ -28,7 +28,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
 from solvers.assign_lp import lp_support, pipeline_time_bound, solve_assignment_lp
-from solvers.integral_bound import integral_bound
+from solvers.integral_bound import reach
 from solvers.integral_plan import integral_plan
 
 
@@ -120,6 +120,8 @@ class SolvedUnit:
     ratio: float | None = None
     polished: tuple[float | None] | None = None  # (ratio,) when its plan was last polished
     lifted: bool = False  # its bound raised to what whole pipelines allow (`lift_unit`)
+    # the skeletons of the whole copies that kept the lift from going higher (`lift_unit`)
+    witness: frozenset | None = None
 
     def polish_due(self) -> bool:
         """Whether polishing would start from bound templates not polished from yet: never
@@ -226,6 +228,11 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
     return unit.truncated or unit.timed_out or resolves_cut or getattr(provider, "truncated", False)
 
 
+LIFT_REFINES = 12  # witness refinements per lift (each: the groups of one set of whole copies found)
+LIFT_CHECKS = 64  # feasibility checks per lift's bisection (`solvers.integral_bound.integral_bound`'s budget)
+LIFT_TOL = 1e-3  # the lift's bisection stops within this share of the goal
+
+
 def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float | None = None) -> None:
     """Raise a unit's bound from its LP's to what whole pipelines of its bound templates allow
     (`solvers.integral_bound`), up to `goal_s`: for a unit refinement has tightened as far as tail
@@ -233,18 +240,105 @@ def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float |
     fractions of pipelines. GPT-3 6.7B on 182 GPUs of seven types (`benchmarks/many_types.py
     --seed 1` pool 14): the lowest unit, six pipelines, bounded at 1.4387 s by the LP, reaches the
     goal (the 1.5093 s plan / 1.015) so, as do the units below it in turn: gap 1.50 % instead of
-    4.91 %. Its templates are the ones the LP bound holds for, so the bound holds for every plan
-    of the unit too."""
+    4.91 %.
+
+    A bisection on the step T: each check asks whether whole copies of the templates finish below
+    T (`integral_bound.reach`). Where they do, the groups of the copies found (the witness) that
+    this lift has not refined get tail-capped frontiers (`_replace_groups`, at the unit's last
+    ratio, `LIFT_REFINES` times at most) and T is checked again. Refinement follows the LP's
+    support, and a witness may lean on other groups whose templates are still the search's first
+    ones: with ZeRO their memory has optimizer states sharded over every GPU of the pool, so
+    splits that fit only so. Llama-2 13B with ZeRO-1 on 36 GPUs of four types (`many_types.py
+    --seed 5` pool 17): three pipelines, the witness runs a V100 -> T4 one at C = 0.794 s that is
+    0.913 s at best with memory for three; lifted to 196.16 s without the refinements.
+    Every template set the checks see is a valid one for the unit (a refined group's templates
+    bound all its splits), so a T proven on any of them bounds every plan of the unit."""
     su.lifted = True
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
     if not lb_set or su.bound_s >= goal_s:
         return
+    provider, u = su.unit.provider, su.unit
     overhead = ctx.cost.knobs.step_overhead_s
+    best = min((c.step_s for c in ctx.candidates), default=goal_s)
+    stats = SolverStats()
+    p = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+    lo, hi = su.bound_s - overhead, goal_s - overhead
+    t, done, refines = hi, set(), 0
+    refining = 0  # feasibility checks whose witness was refined: outside the bisection's budget
+    while (stats.feasibility_checks - refining < LIFT_CHECKS
+           and not (deadline is not None and time.perf_counter() > deadline)):
+        checks = stats.feasibility_checks
+        reached, witness = reach(p, t, stats, split=True, max_checks=LIFT_CHECKS + refining)
+        if not reached:
+            lo = t
+        elif witness is not None and refines < LIFT_REFINES and hasattr(provider, "level_templates"):
+            groups = {skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(witness)
+                      if lb_set[k].skeleton is not None} - done
+            groups = _with_other_orders(groups, lb_set) - done
+            replaced = None
+            if groups:
+                e_cap = best - overhead - (pipeline_time_bound(p, stats) or 0.0)
+                replaced = _replace_groups(lb_set, provider, u, groups, e_cap, su.ratio or REFINE_RATIOS[-1],
+                                           deadline)
+                done |= groups
+                refines += 1
+            if replaced is not None:
+                refining += stats.feasibility_checks - checks
+                lb_set = su.lb_set = replaced
+                p = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+                continue  # the same T, against the tighter templates
+            hi = t
+            su.witness = frozenset(lb_set[k].skeleton for k in np.flatnonzero(witness))
+        else:
+            hi = t
+        if lo >= goal_s - overhead or hi - lo <= LIFT_TOL * (goal_s - overhead):
+            break
+        t = (lo + hi) / 2
+    ctx.stats.ilp_solves += stats.ilp_solves
+    su.bound_s = max(su.bound_s, (lo + overhead) * (1 - 1e-9))
+
+
+def witness_plan(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> bool:
+    """Search whole copies of real splits near the skeletons of a lift's witness (`lift_unit`):
+    the copies that kept the bound low form a plan of bound templates, and the plan side, which
+    rounds LPs and polishes around the groups the LP leans on, may never have looked there.
+    Llama-2 13B with ZeRO-1 on 36 GPUs of four types (`many_types.py --seed 5` pool 17): a
+    witness of three pipelines at 197.6 s while the best plan took 201.7 s. The plan templates
+    are the rows near those skeletons with tails capped as the polish's (`TailPlans`), the search
+    `solvers.integral_plan`. True when it added a plan."""
+    provider, u = su.unit.provider, su.unit
+    if not su.witness or not hasattr(provider, "tail_plan_templates"):
+        return False
+    if deadline is not None and time.perf_counter() > deadline:
+        return False
+    overhead = ctx.cost.knobs.step_overhead_s
+    rows = nearby_rows({sk for sk in su.witness if sk is not None})
+    plan_set = provider.tail_plan_templates(u.lo, rows, e_cap=incumbent_s - overhead)
+    if not plan_set:
+        return False
     unit = SolverStats()
-    p = _problem(lb_set, ctx.avail, su.unit.microbatches, (su.unit.lo, su.unit.hi))
-    bound = integral_bound(p, su.bound_s - overhead, goal_s - overhead, deadline=deadline, stats=unit)
+    found = integral_plan(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), su.bound_s - overhead,
+                          incumbent_s - overhead, deadline=deadline, stats=unit)
     ctx.stats.ilp_solves += unit.ilp_solves
-    su.bound_s = max(su.bound_s, (bound + overhead) * (1 - 1e-9))
+    if found is None:
+        return False
+    before = len(ctx.candidates)
+    _add_candidate(plan_set, found, u, ctx)
+    return ctx.candidates[before].step_s < incumbent_s
+
+
+def _replace_groups(lb_set: list[Template], provider, u: Unit, groups: set[tuple], e_cap: float, ratio: float,
+                    deadline: float | None) -> list[Template] | None:
+    """`lb_set` with the templates of `groups` replaced by their tail-capped frontiers
+    (`BlocksProvider.level_templates`), or None when none of them got any. The set stays as
+    `prune_templates(..., bound_key)` leaves it, ordered by key: the other groups' templates are
+    pruned already and share no key with the new ones, so only those are pruned and the two merged
+    (pruning the whole set again was 15 % of refinement)."""
+    new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio, deadline)
+    if not covered:
+        return None
+    kept = [t for t in lb_set if skeleton_group(t.skeleton or ()) not in covered]
+    return list(heapq.merge(kept, prune_templates(new, bound_key), key=bound_key))
 
 
 def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,
@@ -277,15 +371,11 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         if not groups:
             break
         groups = _with_other_orders(groups, lb_set) - done
-        new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio, deadline)
+        replaced = _replace_groups(lb_set, provider, u, groups, e_cap, ratio, deadline)
         done |= groups
-        if not covered:
+        if replaced is None:
             break
-        # the set stays as `prune_templates(..., bound_key)` leaves it, ordered by key: the other
-        # groups' templates are pruned already and share no key with the new ones, so only those
-        # are pruned and the two merged (pruning the whole set again was 15 % of refinement)
-        kept = [t for t in lb_set if provider.skeleton_group(t.skeleton or ()) not in covered]
-        lb_set = list(heapq.merge(kept, prune_templates(new, bound_key), key=bound_key))
+        lb_set = replaced
         unit = SolverStats()
         problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
         lb = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline,
