@@ -25,6 +25,7 @@ import numpy as np
 
 from solvers.assign import AssignProblem, Assignment, SolverStats, _caps, _check, _Groups
 from solvers.deal import deal
+from solvers.integral_bound import reach
 
 
 def _plan_below(p: AssignProblem, t: float, buckets: int, time_limit_s: float, work_s: float,
@@ -43,14 +44,33 @@ def _plan_below(p: AssignProblem, t: float, buckets: int, time_limit_s: float, w
     return None
 
 
+def _plan_within(p: AssignProblem, t: float, buckets: int, time_limit_s: float, work_s: float,
+                 stats: SolverStats, groups: _Groups, max_checks: int) -> Assignment | None:
+    """`_plan_below` with each tail range checked at its lowest tail and cut at the largest tail
+    of the copies found until they fit at it (`integral_bound.reach` with `split`): a plan whose
+    largest tail lies inside a range is found, where checking the range at its highest tail
+    misses it."""
+    timed_out = stats.timed_out
+    found = reach(p, t, stats, groups, buckets, time_limit_s, work_s, split=True, max_checks=max_checks,
+                  skip_cut=True)[1]
+    stats.timed_out = timed_out  # as in `_plan_below`: a capped check claims nothing here
+    if found is None:
+        return None
+    e_w = float(np.max(p.e_s[found > 0]))
+    per_copy, pipe = deal(p, found, _caps(p, p.e_s <= e_w, t - e_w))
+    return Assignment(tuple(int(c) for c in found), per_copy, pipe, e_w)
+
+
 def integral_plan(p: AssignProblem, lower_s: float, upper_s: float, rel_tol: float = 1e-3, buckets: int = 16,
                   time_limit_s: float = 10.0, work_s: float = 0.2, max_checks: int = 64,
-                  deadline: float | None = None, stats: SolverStats | None = None) -> Assignment | None:
+                  deadline: float | None = None, stats: SolverStats | None = None,
+                  split: bool = False) -> Assignment | None:
     """The least-step whole plan found below `upper_s` (the best step known), bisecting the step
     down to `lower_s` (a lower bound, e.g. the LP's) to `rel_tol`; None if none is found. Each
     CP-SAT model stops after `work_s` of its deterministic time (`time_limit_s` of wall time at
     most), the bisection after `max_checks` feasibility checks or past `deadline`
-    (time.perf_counter(); then `stats.truncated` is set)."""
+    (time.perf_counter(); then `stats.truncated` is set). With `split` each trial step cuts its
+    tail ranges at the copies found (`_plan_within`) rather than checking each at its top."""
     stats = stats or SolverStats()
     groups = _Groups.of_problem(p)
     checks0 = stats.feasibility_checks
@@ -64,7 +84,8 @@ def integral_plan(p: AssignProblem, lower_s: float, upper_s: float, rel_tol: flo
         # first just below `upper_s`, the easiest trial: where even it finds nothing the search
         # ends there (the 64-GPU ladder rung: 64 checks, 3.3 s, for nothing when bisecting at once)
         mid = hi * (1 - rel_tol) if first else (lo + hi) / 2
-        found = _plan_below(p, mid, buckets, time_limit_s, work_s, stats, groups)
+        found = (_plan_within(p, mid, buckets, time_limit_s, work_s, stats, groups, checks0 + max_checks) if split
+                 else _plan_below(p, mid, buckets, time_limit_s, work_s, stats, groups))
         if found is None and first:
             break
         first = False

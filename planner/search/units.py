@@ -318,7 +318,7 @@ def witness_plan(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline:
         return False
     unit = SolverStats()
     found = integral_plan(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), su.bound_s - overhead,
-                          incumbent_s - overhead, deadline=deadline, stats=unit)
+                          incumbent_s - overhead, deadline=deadline, stats=unit, split=True)
     ctx.stats.ilp_solves += unit.ilp_solves
     if found is None:
         return False
@@ -475,7 +475,7 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     upper = min(incumbent_s - overhead, sol.objective_s if sol is not None and any(sol.counts) else np.inf)
     if whole and sol is not None and upper > (1 + whole_gap) * sol.bound_s:
         # whole copies below the rounded plan and the best plan, down to this problem's LP bound
-        found = integral_plan(problem, sol.bound_s, upper, deadline=deadline, stats=unit)
+        found = integral_plan(problem, sol.bound_s, upper, deadline=deadline, stats=unit, split=True)
         if found is not None:
             _add_candidate(plan_set, found, u, ctx)
     ctx.stats.ilp_solves += unit.ilp_solves
