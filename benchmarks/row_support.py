@@ -30,7 +30,7 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.search import api
 from planner.search.space import skeleton_usage
 from planner.search.templates import Template, prune_templates
-from planner.search.units import _problem
+from planner.search.units import problem_of
 from planner.specs import TrainingSpec
 from planner.specs.models import get_model
 from solvers.assign import SolverStats
@@ -50,7 +50,7 @@ def lazy_rows(protos: list, avail: tuple[int, ...], microbatches: int
              for sk, ps in by_row.items()}
     replicas = (1, min(microbatches, sum(avail)))
     stats = SolverStats()
-    full = pipeline_time_bound(_problem(prune_templates([t for ts in real.values() for t in ts]), avail,
+    full = pipeline_time_bound(problem_of(prune_templates([t for ts in real.values() for t in ts]), avail,
                                         microbatches, replicas), stats)
     expanded: set[tuple] = set()
     rounds = 0
@@ -58,7 +58,7 @@ def lazy_rows(protos: list, avail: tuple[int, ...], microbatches: int
         rounds += 1
         templates = prune_templates([t for sk in sorted(expanded, key=repr) for t in real[sk]]
                                     + [ideal[sk] for sk in real if sk not in expanded])
-        problem = _problem(templates, avail, microbatches, replicas)
+        problem = problem_of(templates, avail, microbatches, replicas)
         bound = pipeline_time_bound(problem, stats)
         if bound is None:
             return full, bound, len(by_row), len(expanded), rounds

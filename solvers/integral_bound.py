@@ -22,7 +22,7 @@ bisection treats T as reachable, so the bound stays valid whatever the time limi
 witness has a largest tail e_w above e_lo counts as reached only if those copies also fit at
 pipeline time T - e_w; else the range is cut at e_w and both parts checked: ranges of thousands
 of distinct tails are wide, and where tails are a fifth of the step (`many_types.py --seed 5`
-pool 13) a range reached 3.5 % below every plan. `planner.search.units.lift_unit` bisects with
+pool 13) a range reached 3.5 % below every plan. `planner.search.lift.lift_unit` bisects with
 it and tightens the witness's templates between checks.
 """
 

@@ -8,7 +8,7 @@ def test_lower_limit_on_pipelines_closes_a_gap_without_lifting(monkeypatch) -> N
     """Llama-2 13B at 65,536 tokens, global batch 512, ZeRO-1, on 125 GPUs of six types
     (`benchmarks/many_types.py --seed 1` pool 4). Without the limit every unit of three or more
     pipelines was bounded by fractions of a few long pipelines: refined as far as tails go the gap
-    stayed at 2.31 % (1.5 % only once whole pipelines were searched, `units.lift_unit`, 18 s);
+    stayed at 2.31 % (1.5 % only once whole pipelines were searched, `lift.lift_unit`, 18 s);
     with it the same plan at 0.98 %, nothing lifted, 6 s."""
     from planner.costmodel.analytic import AnalyticCostModel
     from planner.evaluate import evaluate

@@ -58,7 +58,7 @@ def test_refinement_lifts_the_lowest_units_to_whole_pipelines(monkeypatch) -> No
     (`benchmarks/many_types.py --seed 1` pool 4), with the LP's lower limit on pipelines off
     (`solvers.count_floor`, which alone closes this pool's gap to 0.98 %: `test_count_floor.py`):
     refined as far as tail levels go, the lowest units' LP bounds left the gap at 2.31 %; lifted
-    to what whole pipelines allow (`unit_loop.refine`, `units.lift_unit`) they close it to the
+    to what whole pipelines allow (`unit_loop.refine`, `lift.lift_unit`) they close it to the
     1.5 % target, same plan."""
     from planner.costmodel.analytic import AnalyticCostModel
     from planner.evaluate import evaluate

@@ -1,7 +1,7 @@
-"""The lift's witnesses (`units.lift_unit`, `solvers.integral_bound.reach`): a tail range is cut at
+"""The lift's witnesses (`lift.lift_unit`, `solvers.integral_bound.reach`): a tail range is cut at
 the largest tail of the copies found until they fit at their own tail, so one coarse range gives
 the exact whole-copy bound (brute force over every copy count); the groups of those copies are
-refined and whole copies of real splits near them searched (`units.witness_plan`)."""
+refined and whole copies of real splits near them searched (`lift.witness_plan`)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
 from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
-from planner.search.units import SolvedUnit, Unit, UnitContext, lift_unit, skip_units, witness_plan
+from planner.search.lift import lift_unit, witness_plan
+from planner.search.units import SolvedUnit, Unit, UnitContext, skip_units
 
 Progress = Callable[[float, str], None]
 
@@ -78,7 +79,7 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     time); a wide replica class is then split (`UnitPool.split`: tails costed for more pipelines),
     a narrow one only once refined at every ratio (`_finer_first`); a single count is
     refined again with finer tail levels (`units.REFINE_RATIOS`); the lowest unit refined as far
-    as that goes gets the bound of whole pipelines (`units.lift_unit`), once, `MAX_LIFTS` units at
+    as that goes gets the bound of whole pipelines (`lift.lift_unit`), once, `MAX_LIFTS` units at
     most. A lift that leaves its unit short of the goal (best plan / (1 + `target`)) makes that
     unit's bound the floor under the gap: no refinement can raise the lowest bound past it, so
     the units below it are tightened up to it and no further. (Lifting on toward the goal past

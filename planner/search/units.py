@@ -28,7 +28,6 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.assign import BIG_M, AssignProblem, Assignment, SolverStats, solve_assignment
 from solvers.assign_lp import lp_support, pipeline_time_bound, solve_assignment_lp
-from solvers.integral_bound import reach
 from solvers.integral_plan import integral_plan
 
 
@@ -46,7 +45,7 @@ class Candidate:
     unit: tuple[int, int, int] | None = None  # (microbatch size, lo, hi) of the unit it came from
 
 
-def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: int,
+def problem_of(templates: list[Template], avail: tuple[int, ...], microbatches: int,
              replicas: tuple[int, int]) -> AssignProblem:
     # column by column with np.fromiter: about 3x faster than transposing the named tuples and
     # converting nested tuples (a 32-GPU search asks this 65 times, of 5,000 templates each)
@@ -62,11 +61,11 @@ def _problem(templates: list[Template], avail: tuple[int, ...], microbatches: in
 
 
 def _extended(problem: AssignProblem, templates: list[Template]) -> AssignProblem:
-    """`problem` with `templates` appended: the arrays `_problem` builds for the joined list,
+    """`problem` with `templates` appended: the arrays `problem_of` builds for the joined list,
     converting only the new templates."""
     if not templates:
         return problem
-    more = _problem(templates, tuple(problem.avail.tolist()), problem.microbatches, problem.replicas)
+    more = problem_of(templates, tuple(problem.avail.tolist()), problem.microbatches, problem.replicas)
     return replace(problem, **{name: np.concatenate([getattr(problem, name), getattr(more, name)])
                                for name in ("a_s", "c_s", "e_s", "max_microbatches", "usage")})
 
@@ -179,7 +178,7 @@ def cheap_bound(u: Unit, avail: tuple[int, ...], stats: SolverStats, floor: floa
     zero = u.provider.relaxed_templates()
     if not zero:
         return None
-    return pipeline_time_bound(_problem(zero, avail, u.microbatches, (u.lo, u.hi)), stats, floor=floor)
+    return pipeline_time_bound(problem_of(zero, avail, u.microbatches, (u.lo, u.hi)), stats, floor=floor)
 
 
 def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None,
@@ -209,7 +208,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         ctx.solved.append(SolvedUnit((lb.bound_s + overhead) * (1 - 1e-9), u, lb_set))
     resolves_cut = False  # the time limit stopped the re-solves: the plan may be poorer, the bound holds
     if sol is not None and any(sol.counts):
-        _add_candidate(plan_set, sol, u, ctx)
+        add_candidate(plan_set, sol, u, ctx)
         copies, seen = int(sum(sol.counts)), {u.lo}
         while provider.coverage != "exact" and copies not in seen and len(seen) <= RESOLVES:
             # tails were costed for another pipeline count: re-solve with them costed for the
@@ -223,111 +222,12 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
                               None, start, time_limit, unit)[1]
             if again is None or not any(again.counts):
                 break
-            _add_candidate(exact_set, again, u, ctx)
+            add_candidate(exact_set, again, u, ctx)
             copies = int(sum(again.counts))
     return unit.truncated or unit.timed_out or resolves_cut or getattr(provider, "truncated", False)
 
 
-LIFT_REFINES = 12  # witness refinements per lift (each: the groups of one set of whole copies found)
-LIFT_CHECKS = 64  # feasibility checks per lift's bisection (`solvers.integral_bound.integral_bound`'s budget)
-LIFT_TOL = 1e-3  # the lift's bisection stops within this share of the goal
-
-
-def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float | None = None) -> None:
-    """Raise a unit's bound from its LP's to what whole pipelines of its bound templates allow
-    (`solvers.integral_bound`), up to `goal_s`: for a unit refinement has tightened as far as tail
-    levels go while the gap stays open, which on pools of many GPU types is mostly the LP's
-    fractions of pipelines. GPT-3 6.7B on 182 GPUs of seven types (`benchmarks/many_types.py
-    --seed 1` pool 14): the lowest unit, six pipelines, bounded at 1.4387 s by the LP, reaches the
-    goal (the 1.5093 s plan / 1.015) so, as do the units below it in turn: gap 1.50 % instead of
-    4.91 %.
-
-    A bisection on the step T: each check asks whether whole copies of the templates finish below
-    T (`integral_bound.reach`). Where they do, the groups of the copies found (the witness) that
-    this lift has not refined get tail-capped frontiers (`_replace_groups`, at the unit's last
-    ratio, `LIFT_REFINES` times at most) and T is checked again. Refinement follows the LP's
-    support, and a witness may lean on other groups whose templates are still the search's first
-    ones: with ZeRO their memory has optimizer states sharded over every GPU of the pool, so
-    splits that fit only so. Llama-2 13B with ZeRO-1 on 36 GPUs of four types (`many_types.py
-    --seed 5` pool 17): three pipelines, the witness runs a V100 -> T4 one at C = 0.794 s that is
-    0.913 s at best with memory for three; lifted to 196.16 s without the refinements.
-    Every template set the checks see is a valid one for the unit (a refined group's templates
-    bound all its splits), so a T proven on any of them bounds every plan of the unit."""
-    su.lifted = True
-    lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
-    if not lb_set or su.bound_s >= goal_s:
-        return
-    provider, u = su.unit.provider, su.unit
-    overhead = ctx.cost.knobs.step_overhead_s
-    best = min((c.step_s for c in ctx.candidates), default=goal_s)
-    stats = SolverStats()
-    p = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
-    lo, hi = su.bound_s - overhead, goal_s - overhead
-    t, done, refines = hi, set(), 0
-    refining = 0  # feasibility checks whose witness was refined: outside the bisection's budget
-    while (stats.feasibility_checks - refining < LIFT_CHECKS
-           and not (deadline is not None and time.perf_counter() > deadline)):
-        checks = stats.feasibility_checks
-        reached, witness = reach(p, t, stats, split=True, max_checks=LIFT_CHECKS + refining)
-        if not reached:
-            lo = t
-        elif witness is not None and refines < LIFT_REFINES and hasattr(provider, "level_templates"):
-            groups = {skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(witness)
-                      if lb_set[k].skeleton is not None} - done
-            groups = _with_other_orders(groups, lb_set) - done
-            replaced = None
-            if groups:
-                e_cap = best - overhead - (pipeline_time_bound(p, stats) or 0.0)
-                replaced = _replace_groups(lb_set, provider, u, groups, e_cap, su.ratio or REFINE_RATIOS[-1],
-                                           deadline)
-                done |= groups
-                refines += 1
-            if replaced is not None:
-                refining += stats.feasibility_checks - checks
-                lb_set = su.lb_set = replaced
-                p = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
-                continue  # the same T, against the tighter templates
-            hi = t
-            su.witness = frozenset(lb_set[k].skeleton for k in np.flatnonzero(witness))
-        else:
-            hi = t
-        if lo >= goal_s - overhead or hi - lo <= LIFT_TOL * (goal_s - overhead):
-            break
-        t = (lo + hi) / 2
-    ctx.stats.ilp_solves += stats.ilp_solves
-    su.bound_s = max(su.bound_s, (lo + overhead) * (1 - 1e-9))
-
-
-def witness_plan(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> bool:
-    """Search whole copies of real splits near the skeletons of a lift's witness (`lift_unit`):
-    the copies that kept the bound low form a plan of bound templates, and the plan side, which
-    rounds LPs and polishes around the groups the LP leans on, may never have looked there.
-    Llama-2 13B with ZeRO-1 on 36 GPUs of four types (`many_types.py --seed 5` pool 17): a
-    witness of three pipelines at 197.6 s while the best plan took 201.7 s. The plan templates
-    are the rows near those skeletons with tails capped as the polish's (`TailPlans`), the search
-    `solvers.integral_plan`. True when it added a plan."""
-    provider, u = su.unit.provider, su.unit
-    if not su.witness or not hasattr(provider, "tail_plan_templates"):
-        return False
-    if deadline is not None and time.perf_counter() > deadline:
-        return False
-    overhead = ctx.cost.knobs.step_overhead_s
-    rows = nearby_rows({sk for sk in su.witness if sk is not None})
-    plan_set = provider.tail_plan_templates(u.lo, rows, e_cap=incumbent_s - overhead)
-    if not plan_set:
-        return False
-    unit = SolverStats()
-    found = integral_plan(_problem(plan_set, ctx.avail, u.microbatches, (u.lo, u.hi)), su.bound_s - overhead,
-                          incumbent_s - overhead, deadline=deadline, stats=unit, split=True)
-    ctx.stats.ilp_solves += unit.ilp_solves
-    if found is None:
-        return False
-    before = len(ctx.candidates)
-    _add_candidate(plan_set, found, u, ctx)
-    return ctx.candidates[before].step_s < incumbent_s
-
-
-def _replace_groups(lb_set: list[Template], provider, u: Unit, groups: set[tuple], e_cap: float, ratio: float,
+def replace_groups(lb_set: list[Template], provider, u: Unit, groups: set[tuple], e_cap: float, ratio: float,
                     deadline: float | None) -> list[Template] | None:
     """`lb_set` with the templates of `groups` replaced by their tail-capped frontiers
     (`BlocksProvider.level_templates`), or None when none of them got any. The set stays as
@@ -359,7 +259,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     lb_set, done = su.lb_set, set()
     # tails above e_cap cannot be in a plan that beats the incumbent: the levels stop there
     # each round's problem is the next round's start (building it is a pass over every template)
-    problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+    problem = problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
     pipe = pipeline_time_bound(problem, ctx.stats)
     e_cap = incumbent_s - overhead - (pipe or 0.0)
     for _ in range(max_rounds):
@@ -370,14 +270,14 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
                   if lb_set[k].skeleton is not None} - done - {None}
         if not groups:
             break
-        groups = _with_other_orders(groups, lb_set) - done
-        replaced = _replace_groups(lb_set, provider, u, groups, e_cap, ratio, deadline)
+        groups = other_orders(groups, lb_set) - done
+        replaced = replace_groups(lb_set, provider, u, groups, e_cap, ratio, deadline)
         done |= groups
         if replaced is None:
             break
         lb_set = replaced
         unit = SolverStats()
-        problem = _problem(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+        problem = problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
         lb = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline,
                                  bound_only=True)
         ctx.stats.ilp_solves += unit.ilp_solves
@@ -401,7 +301,7 @@ def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, in
     overhead = ctx.cost.knobs.step_overhead_s
     templates = whole.lb_set.unpack() if isinstance(whole.lb_set, PackedTemplates) else whole.lb_set
     unit = SolverStats()
-    lb = solve_assignment_lp(_problem(templates, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
+    lb = solve_assignment_lp(problem_of(templates, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
                              incumbent_s=incumbent_s - overhead, bound_only=True) if templates else None
     ctx.stats.ilp_solves += unit.ilp_solves
     bound = whole.bound_s
@@ -410,7 +310,7 @@ def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, in
     part.bound_s, part.lb_set, part.ratio = max(part.bound_s, bound), whole.lb_set, whole.ratio
 
 
-def _with_other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]:
+def other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]:
     """`groups` and the other run orders of the same GPU groups among `lb_set`'s skeleton groups
     (A100 -> L4 for L4 -> A100), refined together (`refine_unit`)."""
     kinds = {frozenset(g) for g in groups}
@@ -427,9 +327,10 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     plan slow. (Whole skeleton groups, as before, took 12 % more search time on 40 random pools,
     with the same plan on 39: docs/search.md, "Plan polish".) Where the incumbent is more than
     `whole_gap` above the unit's bound and this problem's LP bound, whole copies of its
-    templates are searched too (`solvers.integral_plan`): the LP's rounding can sit far above
-    the best whole plan on pools of many GPU types. True when `deadline` cut it short (not started, or its LP stopped early),
-    so the search can say its time limit cut work."""
+    templates are searched too (`solvers.integral_plan`, tail ranges cut at the copies found): the
+    LP's rounding can sit far above the best whole plan on pools of many GPU types. True when
+    `deadline` cut it short (not started, or its LP stopped early), so the search can say its time
+    limit cut work."""
     provider, u = su.unit.provider, su.unit
     if not hasattr(provider, "tail_plan_templates"):  # exact coverage: its templates have tails
         return False
@@ -443,16 +344,16 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     # plan templates reach the incumbent with
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
     args = (ctx.avail, u.microbatches, (u.lo, u.hi))
-    lb_problem = _problem(lb_set, *args) if lb_set else None
+    lb_problem = problem_of(lb_set, *args) if lb_set else None
     used_lb = lp_support(lb_problem, su.bound_s - overhead, stats=ctx.stats) if lb_problem else []
-    plan_problem = _problem(plan_set, *args)
+    plan_problem = problem_of(plan_set, *args)
     used = lp_support(plan_problem, incumbent_s - overhead, stats=ctx.stats)
     protos = provider.plan_protos
     skeletons = {lb_set[k].skeleton for k in np.flatnonzero(used_lb)}
     # and those the bound leans on once pruned across groups (each GPU usage's best templates
     # whatever their group): the LP may take either of two equally good groups
     across = prune_templates(lb_set)
-    used_x = lp_support(_problem(across, *args), su.bound_s - overhead, stats=ctx.stats) if across else []
+    used_x = lp_support(problem_of(across, *args), su.bound_s - overhead, stats=ctx.stats) if across else []
     skeletons |= {across[k].skeleton for k in np.flatnonzero(used_x)}
     skeletons |= {protos[plan_set[k].proto].skeleton for k in np.flatnonzero(used)}
     # tails above e_cap cannot be in a plan that beats the incumbent: the pipeline time under it
@@ -471,18 +372,18 @@ def polish_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     unit = SolverStats()
     sol = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline)
     if extra and sol is not None and any(sol.counts):  # without extras: the unit's own plan again
-        _add_candidate(plan_set, sol, u, ctx)
+        add_candidate(plan_set, sol, u, ctx)
     upper = min(incumbent_s - overhead, sol.objective_s if sol is not None and any(sol.counts) else np.inf)
     if whole and sol is not None and upper > (1 + whole_gap) * sol.bound_s:
         # whole copies below the rounded plan and the best plan, down to this problem's LP bound
         found = integral_plan(problem, sol.bound_s, upper, deadline=deadline, stats=unit, split=True)
         if found is not None:
-            _add_candidate(plan_set, found, u, ctx)
+            add_candidate(plan_set, found, u, ctx)
     ctx.stats.ilp_solves += unit.ilp_solves
     return unit.truncated
 
 
-def _add_candidate(templates: list[Template], sol: Assignment, u: Unit, ctx: UnitContext) -> None:
+def add_candidate(templates: list[Template], sol: Assignment, u: Unit, ctx: UnitContext) -> None:
     resolve = getattr(u.provider, "resolved", lambda t: t)
     chosen = [(resolve(templates[t]), sol.microbatches[t]) for t in range(len(templates)) if sol.counts[t]]
     plan = build_plan(ctx.model, ctx.training, ctx.cluster, ctx.classes, u.b, chosen)
@@ -496,11 +397,11 @@ def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args:
     """Exact assignment of the plan templates, and of the bound templates when they differ."""
     remaining = None if time_limit is None else max(0.05, time_limit - (time.perf_counter() - start))
     deadline = None if time_limit is None else start + time_limit
-    sol = solve_assignment(_problem(plan_set, *problem_args), solver, time_limit_s=remaining,
+    sol = solve_assignment(problem_of(plan_set, *problem_args), solver, time_limit_s=remaining,
                            stats=unit, deadline=deadline) if plan_set else None
     if lb_set is plan_set:
         return sol, sol
-    lb = solve_assignment(_problem(lb_set, *problem_args), solver, time_limit_s=remaining,
+    lb = solve_assignment(problem_of(lb_set, *problem_args), solver, time_limit_s=remaining,
                           stats=unit, deadline=deadline) if lb_set else None
     return sol, lb
 
@@ -515,11 +416,11 @@ def _solve_lp(plan_set_of: Callable[[], list[Template]], lb_set: list[Template] 
     deadline = None if time_limit is None else start + time_limit
     lb = None
     if lb_set is not None:
-        lb = solve_assignment_lp(_problem(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
+        lb = solve_assignment_lp(problem_of(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
                                  deadline=deadline, bound_only=True) if lb_set else None
         if incumbent_s is not None and lb is not None and lb.bound_s >= incumbent_s / (1 + 1e-3):
             return [], None, lb
     plan_set = plan_set_of()
-    sol = solve_assignment_lp(_problem(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
+    sol = solve_assignment_lp(problem_of(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
                               deadline=deadline) if plan_set else None
     return plan_set, sol, (sol if lb_set is None else lb)
