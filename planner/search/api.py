@@ -186,7 +186,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     `polish` ("auto", "always", "never"): how many of the best units' plans are re-solved with
     tail-capped stage options (`unit_loop.finish`): "auto" the two lowest-bound units, four where
     the gap target is missed or the tails are large; "always" four; then the units the best plan
-    came from. Where the gap is open after the best-first units the polish also runs before
+    came from; "never" none, nor the search near a short lift's witness (`lift.witness_plan`).
+    Where the gap is open after the best-first units the polish also runs before
     refinement, so that its plan sets refinement's goal (`unit_loop.close_gap`). The two lowest found 0.02-1.26 %
     faster plans on 4 of 20 pools (the 16 bench scenarios and the 8-64 GPU ladder rungs,
     `benchmarks/polish_check.py`), which a trigger on the gap alone had left unpolished.
@@ -316,7 +317,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
             elif not timed_out and "exact" not in coverages:
                 grid_s, chain_s, timed_out = beyond_coverage(ctx, pool, sizes, chains, coverages, deadline,
-                                                             refine_gap)
+                                                             refine_gap, polish != "never")
     bounds.extend(su.bound_s for su in ctx.solved)
     # a frontier the deadline cut short leaves poorer plans (the bound holds): work cut short too
     timed_out = timed_out or any(getattr(p, "cut_short", False) for p in providers)

@@ -72,7 +72,8 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
 MAX_LIFTS = 48  # units `refine` lifts to whole pipelines' bounds (a cap on the refinement lifts expose)
 
 
-def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool) -> bool:
+def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool,
+           witness_plans: bool = True) -> bool:
     """Tighten the lowest unit bounds until the gap is within `target`, the lowest cannot be
     tightened further, or the deadline passes (then True: the time limit left the gap where it
     is). A unit is first refined with tail-capped frontiers (`units.refine_unit`, two units at a
@@ -84,7 +85,9 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     unit's bound the floor under the gap: no refinement can raise the lowest bound past it, so
     the units below it are tightened up to it and no further. (Lifting on toward the goal past
     such a unit took `many_types.py --seed 1` pool 23 from 5.00 to 4.41 % with 182 units refined
-    instead of 18; stopping there left units refinable below the floor.)"""
+    instead of 18; stopping there left units refinable below the floor.) With `witness_plans`
+    (the plan polish is on) a lift left short also searches plans near the whole copies that held
+    it (`lift.witness_plan`); a faster one lowers the goal."""
     best = min(c.step_s for c in ctx.candidates)
     floor: float | None = None  # the bound of a unit lifted as far as it goes, below the goal
 
@@ -109,7 +112,7 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
             low = min(stuck, key=lambda su: (su.unit.b, su.unit.lo))
             lift_unit(low, ctx, goal, deadline)
             ctx.explored["units_lifted"] = ctx.explored.get("units_lifted", 0) + 1
-            if low.bound_s < goal * (1 - 1e-6) and witness_plan(low, ctx, best, deadline):
+            if witness_plans and low.bound_s < goal * (1 - 1e-6) and witness_plan(low, ctx, best, deadline):
                 # whole copies near the lift's witness beat the best plan: a lower goal
                 best = min(c.step_s for c in ctx.candidates)
                 goal = best / (1 + target) if floor is None else min(floor, best / (1 + target))
@@ -271,7 +274,7 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     if target is not None:
         if polish is not None and gap_missed(ctx, target):
             timed_out = finish(ctx, target, deadline, pool, sizes, polish, [])[0] or timed_out
-        timed_out = refine(ctx, target, deadline, pool) or timed_out
+        timed_out = refine(ctx, target, deadline, pool, witness_plans=polish is not None) or timed_out
     if early:
         engines = [e for e in early if e in FLOOR_ENGINES] if skipped else []
     else:
@@ -305,7 +308,8 @@ def _take(ctx: UnitContext, engines: list[str], found: list[tuple[object, float]
 
 
 def beyond_coverage(ctx: UnitContext, pool: UnitPool, sizes: list[int], chains: str, coverages: set[str],
-                     deadline: float | None, target: float | None = None) -> tuple[float, float, bool]:
+                     deadline: float | None, target: float | None = None, witness_plans: bool = True
+                     ) -> tuple[float, float, bool]:
     """Where no plan of the coverage fits (pipelines of at most its runs), the engine candidates
     before `api.search` says the model fits nowhere: every mesh chain (pipelines of any number of
     runs; unless `chains` is "never"), then the Megatron grids under the chain's plan as cutoff.
@@ -322,5 +326,5 @@ def beyond_coverage(ctx: UnitContext, pool: UnitPool, sizes: list[int], chains: 
     if not ctx.candidates and deadline is not None and time.perf_counter() > deadline:
         return grid_s, chain_s, True
     grid_s = run_engines(ctx, pool, ["megatron_grid"], sizes, deadline)["megatron_grid"]
-    timed_out = bool(ctx.candidates) and target is not None and refine(ctx, target, deadline, pool)
+    timed_out = bool(ctx.candidates) and target is not None and refine(ctx, target, deadline, pool, witness_plans)
     return grid_s, chain_s, timed_out
