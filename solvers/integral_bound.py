@@ -22,13 +22,14 @@ bisection treats T as reachable, so the bound stays valid whatever the time limi
 witness has a largest tail e_w above e_lo counts as reached only if those copies also fit at
 pipeline time T - e_w; else the range is cut at e_w and both parts checked: ranges of thousands
 of distinct tails are wide, and where tails are a fifth of the step (`many_types.py --seed 5`
-pool 13) a range reached 3.5 % below every plan. `planner.search.lift.lift_unit` bisects with
-it and tightens the witness's templates between checks.
+pool 13) a range reached 3.5 % below every plan. `integral_bound(tighten=...)` lets the caller
+tighten the witness's templates between checks (`planner.search.lift.lift_unit`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -78,35 +79,43 @@ def _holds(p: AssignProblem, counts: np.ndarray, pipe_s: float) -> bool:
     return int(np.dot(counts, _caps(p, counts > 0, pipe_s))) >= p.microbatches
 
 
-def _unreachable(p: AssignProblem, t: float, buckets: int, time_limit_s: float, work_s: float,
-                 stats: SolverStats, groups: _Groups) -> bool:
-    """Whether no whole copy counts finish a step below t (module doc)."""
-    return not reach(p, t, stats, groups, buckets, time_limit_s, work_s)[0]
-
-
 def integral_bound(p: AssignProblem, proven_s: float, goal_s: float, rel_tol: float = 1e-3, buckets: int = 16,
                    time_limit_s: float = 10.0, work_s: float = 0.2, max_checks: int = 64,
-                   deadline: float | None = None, stats: SolverStats | None = None) -> float:
+                   deadline: float | None = None, stats: SolverStats | None = None, split: bool = False,
+                   tighten: Callable[[AssignProblem, np.ndarray], AssignProblem | None] | None = None) -> float:
     """The largest T in [proven_s, goal_s], to `rel_tol` of goal_s, such that no whole copy counts
     finish a step (pipeline time + largest tail) below T; `proven_s` must be a valid bound already
     (the LP's). goal_s itself when it is proven at once. Each CP-SAT model stops after `work_s`
     of its deterministic time (`time_limit_s` of wall time at most) and the bisection, at the last
     T proven, after `max_checks` feasibility checks: a fixed amount of work, the same bound each
     run (one lift on a 44-GPU pool had taken 95 s for nothing with 10 s models and 200 checks);
-    or past `deadline` (time.perf_counter())."""
+    or past `deadline` (time.perf_counter()). `split`: each check's tail ranges are cut at the
+    copies found (`reach`).
+
+    `tighten(p, witness)`: where whole copies reach below T, the caller may return a tighter
+    problem, valid for the same plans (its witness's templates replaced by tighter ones), and T
+    is checked again against it; None keeps T reached. The checks of a T checked again are
+    outside `max_checks`. A T proven on any such problem bounds every plan, so the bound holds."""
     stats = stats or SolverStats()
     if goal_s <= proven_s:
         return proven_s
     groups = _Groups.of_problem(p)
-    if _unreachable(p, goal_s, buckets, time_limit_s, work_s, stats, groups):
-        return goal_s
-    lo, hi = proven_s, goal_s
-    while hi - lo > rel_tol * goal_s and stats.feasibility_checks < max_checks:
-        if deadline is not None and time.perf_counter() > deadline:
-            break
-        mid = (lo + hi) / 2
-        if _unreachable(p, mid, buckets, time_limit_s, work_s, stats, groups):
-            lo = mid
+    lo, hi, t = proven_s, goal_s, goal_s
+    start = stats.feasibility_checks
+    while (stats.feasibility_checks - start < max_checks
+           and not (deadline is not None and time.perf_counter() > deadline)):
+        checks = stats.feasibility_checks
+        reached, witness = reach(p, t, stats, groups, buckets, time_limit_s, work_s, split, start + max_checks)
+        if not reached:
+            lo = t
         else:
-            hi = mid
+            tighter = tighten(p, witness) if tighten is not None and witness is not None else None
+            if tighter is not None:
+                start += stats.feasibility_checks - checks
+                p, groups = tighter, _Groups.of_problem(tighter)
+                continue  # the same T, against the tighter problem
+            hi = t
+        if lo >= goal_s or hi - lo <= rel_tol * goal_s:
+            break
+        t = (lo + hi) / 2
     return lo

@@ -12,15 +12,14 @@ from planner.search.tail_plans import nearby_rows
 from planner.search.templates import PackedTemplates, skeleton_group
 from planner.search.units import (REFINE_RATIOS, SolvedUnit, UnitContext, add_candidate, other_orders, problem_of,
                                   replace_groups)
-from solvers.assign import SolverStats
+from solvers.assign import AssignProblem, SolverStats
 from solvers.assign_lp import pipeline_time_bound
-from solvers.integral_bound import reach
+from solvers.integral_bound import integral_bound
 from solvers.integral_plan import integral_plan
 
 
 LIFT_REFINES = 12  # witness refinements per lift (each: the groups of one set of whole copies found)
 LIFT_CHECKS = 64  # feasibility checks per lift's bisection (`solvers.integral_bound.integral_bound`'s budget)
-LIFT_TOL = 1e-3  # the lift's bisection stops within this share of the goal
 
 
 def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float | None = None) -> None:
@@ -32,10 +31,11 @@ def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float |
     goal (the 1.5093 s plan / 1.015) so, as do the units below it in turn: gap 1.50 % instead of
     4.91 %.
 
-    A bisection on the step T: each check asks whether whole copies of the templates finish below
-    T (`integral_bound.reach`). Where they do, the groups of the copies found (the witness) that
-    this lift has not refined get tail-capped frontiers (`units.replace_groups`, at the unit's last
-    ratio, `LIFT_REFINES` times at most) and T is checked again. Refinement follows the LP's
+    A bisection on the step T (`integral_bound`, its tail ranges cut at the copies found): each
+    check asks whether whole copies of the templates finish below T. Where they do, the groups of
+    the copies found (the witness) that this lift has not refined get tail-capped frontiers
+    (`units.replace_groups`, at the unit's last ratio, `LIFT_REFINES` times at most) and T is
+    checked again (`tighten`). Refinement follows the LP's
     support, and a witness may lean on other groups whose templates are still the search's first
     ones: with ZeRO their memory has optimizer states sharded over every GPU of the pool, so
     splits that fit only so. Llama-2 13B with ZeRO-1 on 36 GPUs of four types (`many_types.py
@@ -51,41 +51,35 @@ def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float |
     overhead = ctx.cost.knobs.step_overhead_s
     best = min((c.step_s for c in ctx.candidates), default=goal_s)
     stats = SolverStats()
+    done: set[tuple] = set()
+    refines = 0
+
+    def tighten(p: AssignProblem, witness: np.ndarray) -> AssignProblem | None:
+        """The problem with the witness's groups not yet refined by this lift refined, or None
+        (then the witness's skeletons are kept for `witness_plan`)."""
+        nonlocal lb_set, refines
+        if refines >= LIFT_REFINES or not hasattr(provider, "level_templates"):
+            return None
+        groups = {skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(witness)
+                  if lb_set[k].skeleton is not None} - done
+        groups = other_orders(groups, lb_set) - done
+        replaced = None
+        if groups:
+            e_cap = best - overhead - (pipeline_time_bound(p, stats) or 0.0)
+            replaced = replace_groups(lb_set, provider, u, groups, e_cap, su.ratio or REFINE_RATIOS[-1], deadline)
+            done.update(groups)
+            refines += 1
+        if replaced is not None:
+            lb_set = su.lb_set = replaced
+            return problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
+        su.witness = frozenset(lb_set[k].skeleton for k in np.flatnonzero(witness))
+        return None
+
     p = problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
-    lo, hi = su.bound_s - overhead, goal_s - overhead
-    t, done, refines = hi, set(), 0
-    refining = 0  # feasibility checks whose witness was refined: outside the bisection's budget
-    while (stats.feasibility_checks - refining < LIFT_CHECKS
-           and not (deadline is not None and time.perf_counter() > deadline)):
-        checks = stats.feasibility_checks
-        reached, witness = reach(p, t, stats, split=True, max_checks=LIFT_CHECKS + refining)
-        if not reached:
-            lo = t
-        elif witness is not None and refines < LIFT_REFINES and hasattr(provider, "level_templates"):
-            groups = {skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(witness)
-                      if lb_set[k].skeleton is not None} - done
-            groups = other_orders(groups, lb_set) - done
-            replaced = None
-            if groups:
-                e_cap = best - overhead - (pipeline_time_bound(p, stats) or 0.0)
-                replaced = replace_groups(lb_set, provider, u, groups, e_cap, su.ratio or REFINE_RATIOS[-1],
-                                           deadline)
-                done |= groups
-                refines += 1
-            if replaced is not None:
-                refining += stats.feasibility_checks - checks
-                lb_set = su.lb_set = replaced
-                p = problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
-                continue  # the same T, against the tighter templates
-            hi = t
-            su.witness = frozenset(lb_set[k].skeleton for k in np.flatnonzero(witness))
-        else:
-            hi = t
-        if lo >= goal_s - overhead or hi - lo <= LIFT_TOL * (goal_s - overhead):
-            break
-        t = (lo + hi) / 2
+    bound = integral_bound(p, su.bound_s - overhead, goal_s - overhead, max_checks=LIFT_CHECKS, deadline=deadline,
+                           stats=stats, split=True, tighten=tighten)
     ctx.stats.ilp_solves += stats.ilp_solves
-    su.bound_s = max(su.bound_s, (lo + overhead) * (1 - 1e-9))
+    su.bound_s = max(su.bound_s, (bound + overhead) * (1 - 1e-9))
 
 
 def witness_plan(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None) -> bool:
