@@ -107,3 +107,29 @@ def test_a_lift_left_short_of_the_goal_is_the_floor_the_other_units_are_refined_
     assert res.gap <= 0.015 + 1e-6 and res.lower_bound_s <= res.prediction.step_s
     assert not violations(res.plan, cluster, cost)
     assert abs(evaluate(res.plan, cluster, cost).step_s - res.prediction.step_s) <= 1e-9 * res.prediction.step_s
+
+
+def test_lifts_run_two_at_a_time_where_the_next_lowest_unit_would_be_lifted_next() -> None:
+    """`unit_loop._lift_batch`: the lowest unit's lift runs beside the next lowest unit's where
+    the loop would lift that one right after (were the first to reach the goal): refined as far
+    as it goes, a single count, not lifted, short of the goal, not above a skipped unit's cheap
+    bound. Anything else goes alone."""
+    from types import SimpleNamespace
+
+    from planner.search.unit_loop import _lift_batch
+    from planner.search.units import REFINE_RATIOS, SolvedUnit, Unit
+
+    def unit(bound: float, lo: int, hi: int | None = None, ratio: float | None = REFINE_RATIOS[-1],
+             lifted: bool = False) -> SolvedUnit:
+        return SolvedUnit(bound, Unit(1, None, lo, hi or lo, 64), [], ratio=ratio, lifted=lifted)
+
+    def batch(first: SolvedUnit, others: list[SolvedUnit], cheap: tuple[float, ...] = ()) -> list[int]:
+        ctx = SimpleNamespace(solved=[first] + others, bounds=list(cheap))
+        return [id(su) for su in _lift_batch(ctx, first, lambda b: b >= 10.0)]
+
+    low, nxt, third = unit(9.0, 4), unit(9.1, 5), unit(9.2, 6)
+    assert batch(low, [third, nxt]) == [id(low), id(nxt)]  # by bound, two at most
+    for other in (unit(9.1, 5, ratio=REFINE_RATIOS[0]), unit(9.1, 5, ratio=None), unit(9.1, 5, lifted=True),
+                  unit(10.5, 5), unit(9.1, 5, 8)):
+        assert batch(low, [other]) == [id(low)]
+    assert batch(low, [nxt], cheap=(9.05,)) == [id(low)]

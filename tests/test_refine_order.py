@@ -30,6 +30,11 @@ class _StubPool:
         self.log.append(("split", su.unit.lo, su.unit.hi))
         self.ctx.solved.remove(su)
 
+    def lift(self, sus: list[SolvedUnit], goal_s: float, deadline: float | None) -> None:
+        """A lift is not refinement's order: it only marks the units lifted."""
+        for su in sus:
+            su.lifted = True
+
 
 def _refine_alone(lo: int, hi: int) -> list[tuple]:
     unit = Unit(b=2, provider=None, lo=lo, hi=hi, microbatches=64)

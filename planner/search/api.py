@@ -323,7 +323,6 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     timed_out = timed_out or any(getattr(p, "cut_short", False) for p in providers)
     for provider in providers:
         explored["skeletons"] += provider.stats.skeletons
-        explored["templates"] += provider.stats.templates
         explored["templates_pruned"] += provider.stats.pruned
     if progress:
         progress(1.0, "done")

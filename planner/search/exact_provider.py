@@ -34,7 +34,6 @@ class ExactProvider:
         found = [t for sk in self.skeletons for t in skeleton_templates(sk, opts, shapes, len(self.classes))]
         kept = prune_templates(found)
         self.stats.skeletons += len(self.skeletons)
-        self.stats.templates += len(found)
         self.stats.pruned += len(found) - len(kept)
         return kept
 

@@ -22,7 +22,8 @@ LIFT_REFINES = 12  # witness refinements per lift (each: the groups of one set o
 LIFT_CHECKS = 64  # feasibility checks per lift's bisection (`solvers.integral_bound.integral_bound`'s budget)
 
 
-def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float | None = None) -> None:
+def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float | None = None,
+              incumbent_s: float | None = None) -> None:
     """Raise a unit's bound from its LP's to what whole pipelines of its bound templates allow
     (`solvers.integral_bound`), up to `goal_s`: for a unit refinement has tightened as far as tail
     levels go while the gap stays open, which on pools of many GPU types is mostly the LP's
@@ -42,14 +43,15 @@ def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float |
     --seed 5` pool 17): three pipelines, the witness runs a V100 -> T4 one at C = 0.794 s that is
     0.913 s at best with memory for three; lifted to 196.16 s without the refinements.
     Every template set the checks see is a valid one for the unit (a refined group's templates
-    bound all its splits), so a T proven on any of them bounds every plan of the unit."""
+    bound all its splits), so a T proven on any of them bounds every plan of the unit.
+    `incumbent_s`: the best plan's step (caps the refined groups' tails), else the context's."""
     su.lifted = True
     lb_set = su.lb_set.unpack() if isinstance(su.lb_set, PackedTemplates) else su.lb_set
     if not lb_set or su.bound_s >= goal_s:
         return
     provider, u = su.unit.provider, su.unit
     overhead = ctx.cost.knobs.step_overhead_s
-    best = min((c.step_s for c in ctx.candidates), default=goal_s)
+    best = incumbent_s if incumbent_s is not None else min((c.step_s for c in ctx.candidates), default=goal_s)
     stats = SolverStats()
     done: set[tuple] = set()
     refines = 0

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.search.candidates import ENGINE_CANDIDATES
+from planner.search.lift import lift_unit
 from planner.search.templates import PackedTemplates, Template
 from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, inherit_refinement,
                                   polish_unit, refine_unit, solve_unit)
@@ -117,6 +118,7 @@ class _Outcome:
     unsolved_sizes: set[int] = field(default_factory=set)
     stats: SolverStats = field(default_factory=SolverStats)
     assignments: int = 0
+    templates: int = 0
     pruned: int = 0
     timed_out: bool = False
 
@@ -160,12 +162,12 @@ def _solve_task(args: tuple[int, int, int, float | None]) -> _Outcome:
     index, lo, hi, incumbent_s = args
     u, ctx = _unit(index, lo, hi), _SEARCH.ctx
     local = replace(ctx, candidates=[], bounds=[], unsolved_sizes=set(), stats=SolverStats(),
-                    explored={"assignments": 0}, solved=[])
+                    explored={"assignments": 0, "templates": 0}, solved=[])
     pruned = u.provider.stats.pruned
     timed_out = solve_unit(u, local, _SEARCH.solver, _SEARCH.start, _SEARCH.time_limit, incumbent_s)
     return _Outcome(local.candidates, local.bounds, [(s.bound_s, _packed(s.lb_set)) for s in local.solved],
                     local.unsolved_sizes, local.stats, local.explored["assignments"],
-                    u.provider.stats.pruned - pruned, timed_out)
+                    local.explored["templates"], u.provider.stats.pruned - pruned, timed_out)
 
 
 def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None, float]
@@ -177,6 +179,17 @@ def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float
     mine = SolvedUnit(bound_s, _unit(index, lo, hi), templates)
     refine_unit(mine, local, incumbent_s, deadline, ratio)
     return mine.bound_s, local.stats.ilp_solves, _packed(mine.lb_set)
+
+
+def _lift_task(args: tuple[int, int, int, float, PackedTemplates | list, float | None, float, float, float | None]
+               ) -> tuple[float, PackedTemplates, frozenset | None, int]:
+    """Lift one unit's bound (`lift.lift_unit`): its bound, templates, witness and LP solves."""
+    assert _SEARCH is not None
+    index, lo, hi, bound_s, lb_set, ratio, goal_s, incumbent_s, deadline = args
+    local = replace(_SEARCH.ctx, stats=SolverStats())
+    mine = SolvedUnit(bound_s, _unit(index, lo, hi), lb_set, ratio=ratio)
+    lift_unit(mine, local, goal_s, deadline, incumbent_s)
+    return mine.bound_s, _packed(mine.lb_set), mine.witness, local.stats.ilp_solves
 
 
 def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None, float | None]
@@ -278,6 +291,7 @@ class UnitPool:
             ctx.stats.ilp_solves += out.stats.ilp_solves
             ctx.stats.feasibility_checks += out.stats.feasibility_checks
             ctx.explored["assignments"] += out.assignments
+            ctx.explored["templates"] = ctx.explored.get("templates", 0) + out.templates
             if forked:  # in turn, the provider counted it already
                 u.provider.stats.pruned += out.pruned
             timed_out = timed_out or out.timed_out
@@ -294,6 +308,16 @@ class UnitPool:
                                             su.lb_set, best, deadline, r) for su, r in zip(sus, ratios)])
         for su, r, (bound, solves, lb_set) in zip(sus, ratios, outs):
             su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
+            self.ctx.stats.ilp_solves += solves
+
+    def lift(self, sus: list[SolvedUnit], goal_s: float, deadline: float | None) -> None:
+        """Raise a batch of unit bounds to what whole pipelines allow (`lift.lift_unit`), each up
+        to `goal_s`, against the best plan known now; each unit is marked lifted."""
+        best = min(c.step_s for c in self.ctx.candidates)
+        outs, _ = self._map(_lift_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set,
+                                          su.ratio, goal_s, best, deadline) for su in sus])
+        for su, (bound, lb_set, witness, solves) in zip(sus, outs):
+            su.bound_s, su.lb_set, su.witness, su.lifted = bound, lb_set, witness, True
             self.ctx.stats.ilp_solves += solves
 
     @property

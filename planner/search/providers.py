@@ -40,7 +40,6 @@ from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
 @dataclass
 class ProviderStats:
     skeletons: int = 0
-    templates: int = 0
     pruned: int = 0
 
 
@@ -252,7 +251,6 @@ class BlocksProvider(TailLevels, TailPlans):
             self.truncated = self.truncated or part.truncated
             self.cut_short = self.cut_short or part.cut_short
         out, stages = assemble(parts, (row for group_rows in self.rows.values() for row in group_rows))
-        self.stats.templates += len(out)
         return out, stages
 
     def _screens(self, parts: list[FrontierPart]) -> list[Proto]:

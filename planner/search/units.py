@@ -199,6 +199,9 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         plan_set, sol, lb = _solve_lp(lambda: provider.plan_templates(u.lo), lb_set, problem_args,
                                       None if incumbent is None else incumbent - overhead, start, time_limit, unit)
     ctx.explored["assignments"] += 1
+    # the templates this unit's LPs chose among: counted per solve, so the same whichever
+    # process built the split frontiers they come from
+    ctx.explored["templates"] = ctx.explored.get("templates", 0) + len(lb_set or ()) + len(plan_set or ())
     ctx.stats.ilp_solves += unit.ilp_solves
     ctx.stats.feasibility_checks += unit.feasibility_checks
     if unit.timed_out or getattr(provider, "truncated", False):
