@@ -81,8 +81,9 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     a narrow one only once refined at every ratio (`_finer_first`); a single count is
     refined again with finer tail levels (`units.REFINE_RATIOS`); the lowest unit refined as far
     as that goes gets the bound of whole pipelines (`lift.lift_unit`), once, `MAX_LIFTS` units at
-    most. A lift that leaves its unit short of the goal (best plan / (1 + `target`)) makes that
-    unit's bound the floor under the gap: no refinement can raise the lowest bound past it, so
+    most, beside the next lowest where that one would be lifted next (`_lift_batch`). A lift that
+    leaves its unit short of the goal (best plan / (1 + `target`)) makes that unit's bound the
+    floor under the gap (the least such): no refinement can raise the lowest bound past it, so
     the units below it are tightened up to it and no further. (Lifting on toward the goal past
     such a unit took `many_types.py --seed 1` pool 23 from 5.00 to 4.41 % with 182 units refined
     instead of 18; stopping there left units refinable below the floor.) With `witness_plans`
