@@ -25,7 +25,9 @@ TASK = textwrap.dedent("""
     def sleep_with_child(out: str) -> None:
         child = mp.get_context("fork").Process(target=time.sleep, args=(120,))
         child.start()
-        Path(out, f"{os.getpid()}.pids").write_text(f"{os.getpid()} {child.pid}")
+        # written whole, then renamed: the test may read a .pids file as soon as it appears
+        Path(out, f"{os.getpid()}.tmp").write_text(f"{os.getpid()} {child.pid}")
+        os.replace(Path(out, f"{os.getpid()}.tmp"), Path(out, f"{os.getpid()}.pids"))
         time.sleep(120)
 """)
 
