@@ -247,3 +247,29 @@ def test_bound_with_a_lower_limit_on_pipelines_holds_and_tightens() -> None:
         assert unfloored is not None and got.bound_s >= unfloored.bound_s * (1 - 1e-9)
         floored += got.bound_s > unfloored.bound_s * (1 + 1e-6)
     assert checked > 50 and tighter > 0 and floored > 0
+
+
+def test_the_lp_precheck_never_rules_out_whole_copies_that_exist() -> None:
+    """`assign._lp_short` (fractional copies fall short of M) proves a feasibility check
+    infeasible before CP-SAT runs: on random problems and pipeline times it is never true where
+    brute force finds whole copies within the GPUs and the pipeline range whose capacities reach
+    M, and it settles some checks the capacity duals (`_surely_infeasible`) leave open."""
+    from solvers.assign import _caps, _Groups, _lp_short, _surely_infeasible, _ub_counts
+
+    settled = 0
+    for seed in range(300):
+        rng = np.random.default_rng(5000 + seed)
+        p = _random_problem(rng)
+        groups = _Groups.of_problem(p)
+        every = np.ones(len(p.a_s), dtype=bool)
+        ranges = [range(0, int(min(p.avail[k] // u for k, u in enumerate(p.usage[t]) if u)) + 1)
+                  for t in range(len(p.a_s))]
+        for t in sorted(rng.uniform(1, 12, size=6)):  # rising T: the LP warm-starts across checks
+            caps = _caps(p, every, t)
+            whole = any(p.replicas[0] <= sum(n) <= min(p.replicas[1], p.microbatches)
+                        and not np.any(np.array(n) @ p.usage > p.avail) and int(np.dot(n, caps)) >= p.microbatches
+                        for n in itertools.product(*ranges))
+            if _lp_short(p, caps, groups):
+                assert not whole, (seed, t)
+                settled += not _surely_infeasible(p, caps, _ub_counts(p))
+    assert settled > 0
