@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from solvers.count_floor import capacity_with_floor
 from solvers.deal import deal
 from solvers.small_lp import SmallLP
 
@@ -254,18 +255,23 @@ def _surely_infeasible(p: AssignProblem, caps: np.ndarray, ub: np.ndarray) -> bo
 def _lp_short(p: AssignProblem, caps: np.ndarray, groups: _Groups) -> bool:
     """Whether even fractional copies fall short of M: max sum n·cap over usage groups (each its
     best capacity) within the GPUs of each class and the most pipelines (`solvers.small_lp`). A
-    relaxation (no integrality, no per-template count limits, no least pipeline count), so a
-    value below M proves there are no whole copies either. Where the greedy answer fails most
-    checks are settled so: 60 % of the CP-SAT models of `many_types.py --seed 1` pool 7 (232 of
-    them, 3.3 s) had an LP optimum below M, and CP-SAT found none of those feasible."""
+    relaxation (no integrality, no per-template count limits; the least pipeline count priced,
+    `solvers.count_floor`), so a value below M proves there are no whole copies either. Where
+    the greedy answer fails, most checks are settled so: 60 % of the CP-SAT models of
+    `many_types.py --seed 1` pool 7 (232 of them, 3.3 s) had an LP optimum below M, and CP-SAT
+    found none of those feasible."""
     b = np.append(p.avail.astype(float), float(min(p.replicas[1], p.microbatches)))
     if not groups.lp or not np.array_equal(groups.lp[0], b):  # built for this problem's limits
         rows = np.vstack([groups.usage.T, np.ones((1, groups.usage.shape[0]))])
         groups.lp[:] = [b, SmallLP(rows, b)]
     best = np.zeros(groups.usage.shape[0])
     np.maximum.at(best, groups.of, caps.astype(float))
-    value, _ = groups.lp[1].solve(best)
-    return value < p.microbatches * (1 - 1e-9) - 1e-9
+    need = p.microbatches * (1 - 1e-9) - 1e-9
+    if p.replicas[0] > 1:  # at least that many copies, each holding a microbatch (priced: any price bounds)
+        value, _ = capacity_with_floor(groups.lp[1], best, p.replicas[0], need)
+    else:
+        value, _ = groups.lp[1].solve(best)
+    return value < need
 
 
 def _check(p: AssignProblem, allowed: np.ndarray, t: float, backend: str, time_limit_s: float | None,

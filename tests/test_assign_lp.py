@@ -254,21 +254,26 @@ def test_the_lp_precheck_never_rules_out_whole_copies_that_exist() -> None:
     infeasible before CP-SAT runs: on random problems and pipeline times it is never true where
     brute force finds whole copies within the GPUs and the pipeline range whose capacities reach
     M, and it settles some checks the capacity duals (`_surely_infeasible`) leave open."""
+    from dataclasses import replace
+
     from solvers.assign import _caps, _Groups, _lp_short, _surely_infeasible, _ub_counts
 
     settled = 0
     for seed in range(300):
         rng = np.random.default_rng(5000 + seed)
         p = _random_problem(rng)
+        if seed % 2:  # a least pipeline count too (priced, `solvers.count_floor`)
+            p = replace(p, replicas=(int(rng.integers(1, p.replicas[1] + 1)), p.replicas[1]))
         groups = _Groups.of_problem(p)
         every = np.ones(len(p.a_s), dtype=bool)
         ranges = [range(0, int(min(p.avail[k] // u for k, u in enumerate(p.usage[t]) if u)) + 1)
                   for t in range(len(p.a_s))]
         for t in sorted(rng.uniform(1, 12, size=6)):  # rising T: the LP warm-starts across checks
             caps = _caps(p, every, t)
+            # copies of templates that hold no microbatch by t are no pipelines (as in CP-SAT's model)
             whole = any(p.replicas[0] <= sum(n) <= min(p.replicas[1], p.microbatches)
                         and not np.any(np.array(n) @ p.usage > p.avail) and int(np.dot(n, caps)) >= p.microbatches
-                        for n in itertools.product(*ranges))
+                        for n in itertools.product(*[r if k > 0 else [0] for r, k in zip(ranges, caps)]))
             if _lp_short(p, caps, groups):
                 assert not whole, (seed, t)
                 settled += not _surely_infeasible(p, caps, _ub_counts(p))
