@@ -19,7 +19,7 @@ class _StubPool:
     """Records refinements (unit, ratio) and splits; bounds stay where they are."""
 
     def __init__(self, ctx: SimpleNamespace) -> None:
-        self.ctx, self.log = ctx, []
+        self.ctx, self.log, self.lifts = ctx, [], []
 
     def refine(self, sus: list[SolvedUnit], deadline: float | None, goal_s: float | None = None) -> None:
         for su in sus:
@@ -30,10 +30,14 @@ class _StubPool:
         self.log.append(("split", su.unit.lo, su.unit.hi))
         self.ctx.solved.remove(su)
 
-    def lift(self, sus: list[SolvedUnit], goal_s: float, deadline: float | None) -> None:
-        """A lift is not refinement's order: it only marks the units lifted."""
+    def lift(self, sus: list[SolvedUnit], goal_s: float, deadline: float | None,
+             beside: list[SolvedUnit] | None = None) -> None:
+        """A lift is not refinement's order: it only marks the units lifted (the refinements
+        beside it are recorded)."""
         for su in sus:
             su.lifted = True
+        self.lifts.append(([su.unit.lo for su in sus], [su.unit.lo for su in beside or []]))
+        self.refine(beside or [], deadline)
 
 
 def _refine_alone(lo: int, hi: int) -> list[tuple]:
@@ -134,3 +138,18 @@ def test_wide_narrow_classes_reach_the_goal_without_peeling_every_count() -> Non
     assert not res.timed_out and res.gap <= 0.015 + 1e-6 and res.lower_bound_s <= res.prediction.step_s
     assert not violations(res.plan, cluster, cost)
     assert res.stats["units_refined"] <= 40
+
+
+def test_a_lift_runs_beside_the_refinement_that_would_come_next() -> None:
+    """The lowest unit is refined as far as it goes (lifted next), the one above it not yet: its
+    first refinement runs in the same batch of tasks as the lift, as the loop would take it next
+    were the lift to reach the goal (here the lift moves nothing: its bound is the floor, and
+    the other unit is refined once)."""
+    stuck = SolvedUnit(0.80, Unit(b=2, provider=None, lo=4, hi=4, microbatches=64), [], ratio=REFINE_RATIOS[-1])
+    fresh = SolvedUnit(0.85, Unit(b=2, provider=None, lo=5, hi=5, microbatches=64), [])
+    ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[fresh, stuck], bounds=[],
+                          explored={"units_split": 0, "units_refined": 0})
+    pool = _StubPool(ctx)
+    unit_loop.refine(ctx, 0.015, None, pool)
+    assert pool.lifts == [([4], [5])]
+    assert pool.log == [("refine", 5, 5, REFINE_RATIOS[0])] and ctx.explored["units_refined"] == 1

@@ -192,6 +192,11 @@ def _lift_task(args: tuple[int, int, int, float, PackedTemplates | list, float |
     return mine.bound_s, _packed(mine.lb_set), mine.witness, local.stats.ilp_solves
 
 
+def _tighten_task(args: tuple) -> tuple:
+    """A lift (`_lift_task`) or a refinement (`_refine_task`), so both share one batch of tasks."""
+    return _lift_task(args[1:]) if args[0] == "lift" else _refine_task(args[1:])
+
+
 def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float, float | None, float | None]
                  ) -> tuple[list, int, int, bool]:
     """Polish one solved unit's plan (`units.polish_unit`) against `incumbent_s`: its candidates,
@@ -301,23 +306,31 @@ class UnitPool:
         """Tighten a batch of unit bounds (`units.refine_unit`, each at its next ratio) up to the
         best plan, or only up to `goal_s` when lower (a bound past what the gap target needs is
         work the answer does not use)."""
-        best = min(c.step_s for c in self.ctx.candidates)
-        best = best if goal_s is None else min(best, goal_s * (1 + CUT_SLACK))  # bounds end >= goal
-        ratios = [su.next_ratio() for su in sus]
-        outs, _ = self._map(_refine_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s,
-                                            su.lb_set, best, deadline, r) for su, r in zip(sus, ratios)])
-        for su, r, (bound, solves, lb_set) in zip(sus, ratios, outs):
-            su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
-            self.ctx.stats.ilp_solves += solves
+        self._tighten([], sus, deadline, goal_s)
 
-    def lift(self, sus: list[SolvedUnit], goal_s: float, deadline: float | None) -> None:
+    def lift(self, sus: list[SolvedUnit], goal_s: float, deadline: float | None,
+             beside: list[SolvedUnit] | None = None) -> None:
         """Raise a batch of unit bounds to what whole pipelines allow (`lift.lift_unit`), each up
-        to `goal_s`, against the best plan known now; each unit is marked lifted."""
+        to `goal_s`, against the best plan known now (each unit is marked lifted), and refine the
+        units `beside` them (as `refine`) in the same batch of tasks."""
+        self._tighten(sus, beside or [], deadline, goal_s)
+
+    def _tighten(self, lifts: list[SolvedUnit], refines: list[SolvedUnit], deadline: float | None,
+                 goal_s: float | None) -> None:
+        """One batch of lift and refinement tasks, their results taken in batch order."""
         best = min(c.step_s for c in self.ctx.candidates)
-        outs, _ = self._map(_lift_task, [(self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set,
-                                          su.ratio, goal_s, best, deadline) for su in sus])
-        for su, (bound, lb_set, witness, solves) in zip(sus, outs):
+        cap = best if goal_s is None else min(best, goal_s * (1 + CUT_SLACK))  # bounds end >= goal
+        ratios = [su.next_ratio() for su in refines]
+        tasks = [("lift", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, su.ratio, goal_s,
+                  best, deadline) for su in lifts]
+        tasks += [("refine", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, cap, deadline,
+                   r) for su, r in zip(refines, ratios)]
+        outs, _ = self._map(_tighten_task, tasks)
+        for su, (bound, lb_set, witness, solves) in zip(lifts, outs):
             su.bound_s, su.lb_set, su.witness, su.lifted = bound, lb_set, witness, True
+            self.ctx.stats.ilp_solves += solves
+        for su, r, (bound, solves, lb_set) in zip(refines, ratios, outs[len(lifts):]):
+            su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
             self.ctx.stats.ilp_solves += solves
 
     @property

@@ -112,8 +112,11 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
             if not stuck or lifted >= MAX_LIFTS:
                 return False
             batch = _lift_batch(ctx, min(stuck, key=lambda su: (su.unit.b, su.unit.lo)), reached)[:MAX_LIFTS - lifted]
-            pool.lift(batch, goal, deadline)
+            # the refinements the loop takes next, were these lifts to reach the goal, run beside them
+            beside = _refine_batch(open_units, UNIT_BATCH - len(batch))
+            pool.lift(batch, goal, deadline, beside)
             ctx.explored["units_lifted"] = lifted + len(batch)
+            ctx.explored["units_refined"] += len(beside)
             for low in batch:
                 if witness_plans and low.bound_s < goal * (1 - 1e-6) and witness_plan(low, ctx, best, deadline):
                     # whole copies near the lift's witness beat the best plan: a lower goal
@@ -123,15 +126,27 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
                     floor = low.bound_s if floor is None else min(floor, low.bound_s)
             continue
         low = open_units[0]
-        if low.ratio is not None and low.unit.lo < low.unit.hi and not _finer_first(low):
+        if _split_due(low):
             pool.split(low)
             ctx.explored["units_split"] += 1
             continue
-        batch = [su for su in open_units
-                 if su.ratio is None or su.unit.lo == su.unit.hi or _finer_first(su)][:UNIT_BATCH]
+        batch = _refine_batch(open_units, UNIT_BATCH)
         pool.refine(batch, deadline, goal_s=goal)
         ctx.explored["units_refined"] += len(batch)
     return False
+
+
+def _split_due(su: SolvedUnit) -> bool:
+    """Whether a refined replica class is split before it is refined again (`_finer_first`)."""
+    return su.ratio is not None and su.unit.lo < su.unit.hi and not _finer_first(su)
+
+
+def _refine_batch(open_units: list[SolvedUnit], room: int) -> list[SolvedUnit]:
+    """Up to `room` of the open units (lowest bound first) to refine next: none where the lowest
+    is due a split, which comes first."""
+    if room <= 0 or not open_units or _split_due(open_units[0]):
+        return []
+    return [su for su in open_units if su.ratio is None or su.unit.lo == su.unit.hi or _finer_first(su)][:room]
 
 
 def _lift_batch(ctx: UnitContext, first: SolvedUnit, reached: Callable[[float], bool]) -> list[SolvedUnit]:
