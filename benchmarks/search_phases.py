@@ -9,12 +9,17 @@ max(256, 4g)) and prints, per pool, when each large-pool phase of `api.search` s
 and the polish, with the engine candidates when they run after refinement (`finish`: before
 refinement too, where the gap is open, `unit_loop.close_gap`; each call's span is shown); the
 time before the frontiers is setup (stage shapes, skeletons), the time after the last phase the
-result's assembly. The phases are wrapped, not changed: the plan is the search's own.
+result's assembly. "cpu s" is the processor time of the search and its worker processes (user and
+system, this process and its reaped children): against "search s" times the workers it says how
+much of the parallel run was spent twice or waited (each worker rebuilds the caches of every
+microbatch size it meets, and a batch waits for its slowest unit). The phases are wrapped, not
+changed: the plan is the search's own.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -44,6 +49,12 @@ def timed(spans: dict[str, list[tuple[float, float]]], name: str, fn: Callable, 
     return run
 
 
+def cpu_s() -> float:
+    """Processor seconds (user and system) of this process and of its children reaped so far."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, nargs="+", default=[16, 32, 64])
@@ -56,19 +67,21 @@ def main() -> None:
     originals = {(module, name): getattr(module, name) for module, name in PHASES}
     for (module, name), fn in originals.items():
         setattr(module, name, timed(spans, name, fn, zero))
-    print("| GPUs | search s | " + " | ".join(f"{name} s" for _, name in PHASES) + " | step s | gap % |")
-    print("|---" * (4 + len(PHASES)) + "|")
+    print("| GPUs | search s | cpu s | " + " | ".join(f"{name} s" for _, name in PHASES) + " | step s | gap % |")
+    print("|---" * (5 + len(PHASES)) + "|")
     try:
         for g in args.gpus:
             spans.clear()
             training = TrainingSpec(global_batch=max(256, 4 * g), seq_len=model.seq_len)
+            cpu0 = cpu_s()
             zero[0] = time.perf_counter()
             res = api.search(model, ladder_cluster(g), training, cost=AnalyticCostModel(),
                              time_limit=args.time_limit, workers=args.workers)
             total = time.perf_counter() - zero[0]
+            cpu = cpu_s() - cpu0  # the search's pools are closed (workers reaped) when it returns
             cells = [", ".join(f"{a:.2f}-{b:.2f}" for a, b in spans[name]) if name in spans else "-"
                      for _, name in PHASES]
-            print(f"| {g} | {total:.2f} | " + " | ".join(cells)
+            print(f"| {g} | {total:.2f} | {cpu:.2f} | " + " | ".join(cells)
                   + f" | {res.prediction.step_s:.4f} | {100 * res.gap:.2f} |", flush=True)
     finally:
         for (module, name), fn in originals.items():

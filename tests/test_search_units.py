@@ -334,7 +334,8 @@ def test_search_phases_times_each_phase_and_leaves_the_search_as_it_was(capsys, 
     search_phases.main()
     cells = [c.strip() for c in capsys.readouterr().out.splitlines()[-1].strip("|").split("|")]
     assert cells[0] == "8"
-    phase_cells = cells[2:2 + len(search_phases.PHASES)]
+    assert float(cells[2]) > 0  # processor seconds of the search (one worker: no children)
+    phase_cells = cells[3:3 + len(search_phases.PHASES)]
     assert phase_cells[0] != "-" and phase_cells[1] != "-"  # the frontiers and the best-first units
     spans = sorted(tuple(map(float, span.split("-"))) for c in phase_cells if c != "-" for span in c.split(", "))
     ends = [0.0] + [end for _, end in spans]
