@@ -10,10 +10,10 @@ and the polish, with the engine candidates when they run after refinement (`fini
 refinement too, where the gap is open, `unit_loop.close_gap`; each call's span is shown); the
 time before the frontiers is setup (stage shapes, skeletons), the time after the last phase the
 result's assembly. "cpu s" is the processor time of the search and its worker processes (user and
-system, this process and its reaped children): against "search s" times the workers it says how
-much of the parallel run was spent twice or waited (each worker rebuilds the caches of every
-microbatch size it meets, and a batch waits for its slowest unit). The phases are wrapped, not
-changed: the plan is the search's own.
+system, this process and its reaped children): below "search s" times the workers, the workers
+waited (a batch waits for its slowest unit); above a `--workers 1` run's, work was done twice or
+spent around the tasks (each worker builds the caches of every microbatch size it meets; pickling,
+forking). The phases are wrapped, not changed: the plan is the search's own.
 """
 
 from __future__ import annotations
