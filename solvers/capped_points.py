@@ -145,8 +145,9 @@ def _path_bottleneck(d0: np.ndarray, c: np.ndarray, trace: list[tuple[np.ndarray
         rows = np.arange(len(stage))
         kr = k[rows]
         shift = kr[:, None] - np.arange(stage.shape[1])[None, :]
-        cand = stage + np.where(shift >= 0, np.take_along_axis(rest, np.maximum(shift, 0), axis=1), INF)
-        d = np.argmin(cand, axis=1)
+        cand = stage + np.take_along_axis(rest, np.maximum(shift, 0), axis=1)
+        cand[shift < 0] = INF  # more decoders than are left
+        d = cand.argmin(axis=1)
         c[rows] = np.maximum(c[rows], stage[rows, d])
         k[rows] = kr - d
     return np.maximum(c, last_fb[np.arange(len(k)), k])
