@@ -97,7 +97,10 @@ class _CapacityLP:
     def pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """Usage groups (i, j), i <= j, whose copies fit the GPUs together (computed once)."""
         if self._pairs is None:
-            fit = np.all(self.usage[:, None, :] + self.usage[None, :, :] <= self.avail[None, None, :], axis=2)
+            # class by class: 4-6x faster than one (G, G, classes) array reduced over its short last axis
+            fit = np.ones((len(self.usage),) * 2, dtype=bool)
+            for col, room in zip(self.usage.T, self.avail.tolist()):
+                fit &= col[:, None] + col[None, :] <= room
             self._pairs = np.nonzero(np.triu(fit))
         return self._pairs
 
@@ -348,7 +351,8 @@ def _best_pair(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lo: flo
                 return counts
         if lo_r <= 2 <= hi_r and pairs[0].size:
             i, j = pairs
-            ok = np.flatnonzero((best[i] + best[j] >= p.microbatches) & (best[i] > 0) & (best[j] > 0))
+            bi, bj = best[i], best[j]
+            ok = np.flatnonzero((bi + bj >= p.microbatches) & (bi > 0) & (bj > 0))
             if ok.size:
                 counts = np.zeros(len(p.a_s), dtype=np.int64)
                 counts[rep[i[ok[0]]]] += 1
