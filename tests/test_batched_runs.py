@@ -277,6 +277,24 @@ def test_min_plus_is_the_least_sum_over_every_split_of_k(rows: int) -> None:
     assert (rows <= FEW_ROWS) == (rows in (1, 5, 16))  # both paths are exercised
 
 
+@pytest.mark.parametrize("rows", [1, 7, 40, 300])
+def test_min_max_conv_is_the_least_bottleneck_over_every_split_of_k(rows: int) -> None:
+    """`uniform_layers._minmax_conv` (stepped over decoders-major copies) against the definition:
+    out[b, k] = min over d <= k of max(stage[b, d], rest[b, k - d]); a stage no row can hold
+    leaves every entry +inf."""
+    from solvers.uniform_layers import _minmax_conv
+
+    rng = np.random.default_rng(100 + rows)
+    width = 41
+    stage = np.where(rng.random((rows, width)) < 0.2, np.inf, rng.random((rows, width)))
+    stage[:, 25:] = np.inf
+    rest = np.where(rng.random((rows, width)) < 0.2, np.inf, rng.random((rows, width)))
+    want = np.array([[min(max(stage[b, d], rest[b, k - d]) for d in range(k + 1)) for k in range(width)]
+                     for b in range(rows)])
+    assert np.array_equal(_minmax_conv(stage, rest), want)
+    assert np.all(np.isinf(_minmax_conv(np.full((rows, width), np.inf), rest)))
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_step_frontiers_hold_what_a_pipeline_of_m_microbatches_takes(seed: int) -> None:
     """`batched_step_frontiers` keeps, of each row's whole (A, C) frontier, its least A + (m - 1)·C
