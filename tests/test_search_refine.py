@@ -191,8 +191,8 @@ def test_refinement_takes_the_orders_of_a_group_together(monkeypatch: pytest.Mon
                                                          (None, 0, True)])
 def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...] | None, zero: int,
                                                    one_type: bool) -> None:
-    """Five microbatch sizes on two workers (the last size's frontier split in two) and one size
-    (split in two) alike (`parallel.frontier_parts`). With ZeRO (split frontiers with memory for
+    """Five microbatch sizes on two workers (each frontier whole) and one size (split in two)
+    alike (`parallel.frontier_parts`). With ZeRO (split frontiers with memory for
     the bound, computed ahead for every size in worker processes, for the plans only as a unit
     asks in one process) and on one GPU type (no frontier computed ahead) the counts had
     differed: the templates were counted where frontiers were built (27 % more, or none at all)."""
@@ -206,16 +206,21 @@ def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 4])
-def test_frontier_parts_give_every_worker_as_many_tasks(workers: int) -> None:
+def test_frontier_parts_keep_sizes_whole_unless_workers_would_idle(workers: int) -> None:
+    """As many sizes as workers or more: one task per size. Fewer: the last sizes are split until
+    every worker has as many tasks."""
     from planner.search.parallel import frontier_parts
 
     assert frontier_parts(0, workers) == []
     for sizes in range(1, 8):
         parts = frontier_parts(sizes, workers)
         assert len(parts) == sizes and min(parts) >= 1
-        assert sum(parts) % workers == 0 and sum(parts) < sizes + workers  # fewest extra parts
-        assert parts == sorted(parts)  # the extra parts go to the last sizes
-    assert frontier_parts(5, 2) == [1, 1, 1, 1, 2]
+        if sizes >= workers:
+            assert parts == [1] * sizes
+        else:
+            assert sum(parts) % workers == 0 and sum(parts) < sizes + workers  # fewest extra parts
+            assert parts == sorted(parts)  # the extra parts go to the last sizes
+    assert frontier_parts(5, 2) == [1, 1, 1, 1, 1] and frontier_parts(1, 2) == [2] and frontier_parts(2, 3) == [1, 2]
 
 
 def test_a_narrow_replica_class_splits_into_single_counts() -> None:

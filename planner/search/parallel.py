@@ -1,9 +1,9 @@
 """Work of the search done in worker processes: split frontiers and units, with the same answer.
 
 * Frontiers: the split frontiers of one skeleton do not depend on another's; with `workers > 1`
-  each microbatch size's skeleton rows are split into parts (`frontier_parts`: the last sizes only,
-  until every worker has as many tasks, as every part repeats the stage options and pruning) and
-  computed in forked processes (each inherits the providers and returns its frontiers, and the
+  each microbatch size's frontier is one task (its skeleton rows split into parts only where there
+  are fewer sizes than workers, `frontier_parts`: every part repeats the stage options and
+  pruning, and most of a sweep's rounds) computed in forked processes (each inherits the providers and returns its frontiers, and the
   first part of a size the option costing's bases) before any unit is solved; the parent puts
   them back in one fixed order.
 * Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
@@ -69,12 +69,18 @@ def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
 
 
 def frontier_parts(sizes: int, workers: int) -> list[int]:
-    """Parts each microbatch size's frontier work is split into: the last sizes get extra parts
-    until the task count is a multiple of `workers`, so no worker idles through a whole size at
-    the end. Five sizes on two workers: 1, 1, 1, 1, 2 (64 GPUs: 1.8 s against 2.0-2.2 s with
-    five whole sizes); one size on two workers: 2. Every part repeats the stage options and their
-    pruning, so sizes are not split further (16 GPUs: 0.5 s whole against 0.6-0.8 s in halves)."""
+    """Parts each microbatch size's frontier work is split into: whole sizes when there are at
+    least as many as workers, else extra parts for the last sizes until the task count is a
+    multiple of `workers` (one size on two workers: 2). A part sweeps every `parts`-th row, but a
+    sweep's rounds are batched over its rows, so half the rows take most of the rounds' time, and
+    every part repeats the stage options and their pruning: the 64-GPU ladder pool's size 16 took
+    0.25 s whole and 0.28 + 0.32 s in halves. Five whole sizes on two workers, against 1, 1, 1, 1, 2
+    (fresh processes, alternating): 32 GPUs 2.04-2.39 s against 2.44-2.58 s, 16 GPUs 1.05-1.22 s
+    against 1.20-1.26 s, 64 GPUs and 20 random pools (`chain_check.py --seed 33`) the same within
+    noise."""
     parts = [1] * sizes
+    if sizes >= workers:
+        return parts
     for i in range((workers - sizes % workers) % workers if sizes else 0):
         parts[-1 - i % sizes] += 1
     return parts
