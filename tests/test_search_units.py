@@ -104,6 +104,28 @@ def test_packed_templates_unpack_to_equal_templates() -> None:
         assert [type(t.usage[0]) for t in back] == [int] * len(back)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_pareto_indices_keep_exactly_the_undominated_templates(seed: int) -> None:
+    """`templates.pareto_indices` against its definition: per key, in order of (C, A, E), a
+    template is kept iff no earlier one has A and E no larger; keys in sorted order. Values are
+    drawn from a few levels, so ties in every field are common."""
+    import random
+
+    from planner.search.templates import pareto_indices
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 400)
+    usage = [(rng.randint(0, 2), rng.randint(0, 3)) for _ in range(n)]
+    a, c, e = ([float(rng.randint(0, 12)) for _ in range(n)] for _ in range(3))
+    want: list[int] = []
+    for key in sorted(set(usage)):
+        members = sorted((i for i in range(n) if usage[i] == key), key=lambda i: (c[i], a[i], e[i]))
+        for k, i in enumerate(members):
+            if not any(a[j] <= a[i] and e[j] <= e[i] for j in members[:k]):
+                want.append(i)
+    assert pareto_indices(usage, a, c, e) == want
+
+
 def test_refinement_merges_new_group_templates_as_a_full_prune_would() -> None:
     """`units.refine_unit` replaces the covered groups' bound templates with tighter ones: it prunes
     only the new templates and merges them by key into the rest, which must equal pruning the

@@ -234,32 +234,30 @@ def prune_templates(templates: list[Template], key: Callable[[Template], tuple] 
 def pareto_indices(usage: list[tuple], a: list[float], c: list[float], e: list[float]) -> list[int]:
     """Indices of the templates `prune_templates` keeps when no memory cap differs (given as plain
     columns, so callers build Template objects only for the kept ones): per key in `usage` (GPU
-    usage, or `bound_key`), in order of (C, A, E), those not dominated in (A, E) by an earlier one,
-    via a staircase of kept (A, least E so far) searched by bisection. Keys come in sorted order."""
+    usage, or `bound_key`), in order of (C, A, E), those not dominated in (A, E) by an earlier one.
+    The kept ones so far are summed up by their staircase, A ascending and E strictly descending
+    (each step the least E of any kept template with at most that A), searched by bisection; a
+    kept template drops the steps it dominates. Keys come in sorted order."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, u in enumerate(usage):
         groups.setdefault(u, []).append(i)
     out: list[int] = []
     for u in sorted(groups):
-        members = sorted(groups[u], key=lambda i: (c[i], a[i], e[i]))
-        a_keys: list[float] = []  # kept A values, ascending
-        e_min: list[float] = []  # least E among kept templates with A <= a_keys[k]
+        members = groups[u]
+        members.sort(key=lambda i: (c[i], a[i], e[i]))
+        stair_a: list[float] = []
+        stair_e: list[float] = []
         for i in members:
             ai, ei = a[i], e[i]
-            k = bisect.bisect_right(a_keys, ai)
-            if k and e_min[k - 1] <= ei:
-                continue
+            k = bisect.bisect_right(stair_a, ai)
+            if k and stair_e[k - 1] <= ei:
+                continue  # an earlier template has A and E no larger
             out.append(i)
-            j = bisect.bisect_left(a_keys, ai)
-            if j < len(a_keys) and a_keys[j] == ai:
-                e_min[j] = min(e_min[j], ei)
-            else:
-                a_keys.insert(j, ai)
-                e_min.insert(j, ei if j == 0 else min(ei, e_min[j - 1]))
-            for k in range(j + 1, len(a_keys)):  # later entries: least E now includes this one
-                if e_min[k] <= ei:
-                    break
-                e_min[k] = ei
+            j = k  # the steps from k on have a larger A; those with E >= ei are now dominated
+            while j < len(stair_a) and stair_e[j] >= ei:
+                j += 1
+            stair_a[k:j] = [ai]
+            stair_e[k:j] = [ei]
     return out
 
 
