@@ -3,9 +3,9 @@
 * Frontiers: the split frontiers of one skeleton do not depend on another's; with `workers > 1`
   each microbatch size's frontier is one task (its skeleton rows split into parts only where there
   are fewer sizes than workers, `frontier_parts`: every part repeats the stage options and
-  pruning, and most of a sweep's rounds) computed in forked processes (each inherits the providers and returns its frontiers, and the
-  first part of a size the option costing's bases) before any unit is solved; the parent puts
-  them back in one fixed order.
+  pruning, and most of a sweep's rounds) computed in forked processes (each inherits the
+  providers and returns its frontiers, and the first part of a size the option costing's bases)
+  before any unit is solved; the parent puts them back in one fixed order.
 * Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
   plan known when its batch started; a batch's units run in worker processes forked once for the
   whole loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts are merged
