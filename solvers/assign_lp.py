@@ -421,7 +421,7 @@ def _plan_at_level(p: AssignProblem, lp: _CapacityLP, allowed: np.ndarray, t_lb:
     counts = best[1]
     pipe = pipe_time_of(p, counts)
     per_t, dealt = deal(p, counts, _caps(p, counts > 0, pipe))
-    return Assignment(tuple(int(c) for c in counts), per_t, dealt, float(np.max(p.e_s[counts > 0])))
+    return Assignment(tuple(counts.tolist()), per_t, dealt, float(np.max(p.e_s[counts > 0])))
 
 
 def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_tol: float = 1e-3,

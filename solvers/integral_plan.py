@@ -40,7 +40,7 @@ def _plan_below(p: AssignProblem, t: float, buckets: int, time_limit_s: float, w
         stats.timed_out = timed_out  # a check stopped by its cap proves nothing here, and claims nothing
         if found is not None:
             per_copy, pipe = deal(p, found, _caps(p, allowed, t - float(part[-1])))
-            return Assignment(tuple(int(c) for c in found), per_copy, pipe, float(np.max(p.e_s[found > 0])))
+            return Assignment(tuple(found.tolist()), per_copy, pipe, float(np.max(p.e_s[found > 0])))
     return None
 
 
@@ -58,7 +58,7 @@ def _plan_within(p: AssignProblem, t: float, buckets: int, time_limit_s: float, 
         return None
     e_w = float(np.max(p.e_s[found > 0]))
     per_copy, pipe = deal(p, found, _caps(p, p.e_s <= e_w, t - e_w))
-    return Assignment(tuple(int(c) for c in found), per_copy, pipe, e_w)
+    return Assignment(tuple(found.tolist()), per_copy, pipe, e_w)
 
 
 def integral_plan(p: AssignProblem, lower_s: float, upper_s: float, rel_tol: float = 1e-3, buckets: int = 16,
