@@ -407,3 +407,28 @@ def test_task_pickles_for_worker_processes(tiny: Path) -> None:
     task = make_tasks([load_scenario(tiny)], {"never": never})[0]
     again = pickle.loads(pickle.dumps(task))
     assert isinstance(again, Task) and again.key == task.key and run_task(again)["status"] == "infeasible"
+
+
+def test_ab_check_finds_a_checkout_identical_to_itself(tmp_path: Path) -> None:
+    """`benchmarks/ab_check.py` runs each pool in fresh processes of both checkouts and compares
+    their answers: this checkout against itself is identical on every pool, and answers agree
+    between rounds."""
+    import io
+
+    from benchmarks.ab_check import ROOT, compare
+
+    out = io.StringIO()
+    tally = compare([("ladder", 8, 0)], ROOT, ROOT, rounds=2, workers=1, max_gpus=128, limit=60.0, out=out)
+    assert tally["pools"] == 1 and tally["identical"] == 1 and tally["unstable"] == 0, out.getvalue()
+    assert tally["base_s"] > 0 and tally["mine_s"] > 0
+    assert out.getvalue().startswith("ladder:8:0  identical")
+
+
+@pytest.mark.parametrize("spec", ["ladder:x", "chain:33", "many:1:2:3", "pools:1"])
+def test_ab_check_rejects_malformed_pools_with_exit_2(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.ab_check import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["HEAD", "--pools", spec])
+    assert exc.value.code == 2
+    assert f"--pools: '{spec}'" in capsys.readouterr().err
