@@ -135,9 +135,9 @@ def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: i
               + (f"  UNSTABLE: {', '.join(unstable)}" if unstable else ""), file=out, flush=True)
     change = (tally["mine_s"] / tally["base_s"] - 1) * 100 if tally["base_s"] else 0.0
     print(f"{tally['pools']} pools: identical {tally['identical']}, faster step {tally['faster']}, slower step "
-          f"{tally['slower']}, other {tally['other']}, answers differing between rounds {tally['unstable']}; gaps above "
-          f"{GAP_GOAL:.0%}: base {tally['base_gaps']}, this checkout {tally['mine_gaps']}; seconds: base "
-          f"{tally['base_s']:.1f}, this checkout {tally['mine_s']:.1f} ({change:+.1f} %)", file=out, flush=True)
+          f"{tally['slower']}, other {tally['other']}, answers differing between rounds {tally['unstable']}; "
+          f"gaps above {GAP_GOAL:.0%}: base {tally['base_gaps']}, this checkout {tally['mine_gaps']}; seconds: "
+          f"base {tally['base_s']:.1f}, this checkout {tally['mine_s']:.1f} ({change:+.1f} %)", file=out, flush=True)
     return tally
 
 
