@@ -75,9 +75,9 @@ def frontier_parts(sizes: int, workers: int) -> list[int]:
     sweep's rounds are batched over its rows, so half the rows take most of the rounds' time, and
     every part repeats the stage options and their pruning: the 64-GPU ladder pool's size 16 took
     0.25 s whole and 0.28 + 0.32 s in halves. Five whole sizes on two workers, against 1, 1, 1, 1, 2
-    (fresh processes, alternating): 32 GPUs 2.04-2.39 s against 2.44-2.58 s, 16 GPUs 1.05-1.22 s
-    against 1.20-1.26 s, 64 GPUs and 20 random pools (`chain_check.py --seed 33`) the same within
-    noise."""
+    (fresh processes, alternating): 32 GPUs 2.04-2.39 s against 2.44-2.58 s in four pairs, but
+    1.08 / 2.39 / 3.33 s against 1.13 / 2.43 / 3.41 s at 16 / 32 / 64 GPUs as medians of three
+    rounds (`benchmarks/ab_check.py`, with the session's other changes): a small gain."""
     parts = [1] * sizes
     if sizes >= workers:
         return parts
