@@ -33,9 +33,13 @@ GAP_GOAL = 0.02
 # that version's `planner` and `benchmarks` (argv: checkout, kind, arguments, workers, limits).
 CHILD = r"""
 import hashlib, json, random, sys, time
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 kind, a, b, workers, max_gpus, limit = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), \
     int(sys.argv[6]), float(sys.argv[7])
+import planner
+if Path(sys.argv[1]).resolve() not in Path(planner.__file__).resolve().parents:
+    sys.exit(f"planner came from {planner.__file__}, not from {sys.argv[1]}")
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import HetplanError
 from planner.search import api
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         ap.error(f"--pools: {exc}")
     if Path(args.base).is_dir():
+        if not (Path(args.base) / "planner" / "search").is_dir():
+            ap.error(f"base: '{args.base}' is a directory but not a hetplan checkout (no planner/search)")
         compare(pools, Path(args.base).resolve(), ROOT, args.rounds, args.workers, args.max_gpus, args.time_limit)
         return
     with tempfile.TemporaryDirectory(prefix="ab_check_") as tmp:
