@@ -12,8 +12,8 @@ per round in a fresh process per version, the two one after the other, the first
 from round to round, so the machine's drift within the hour falls on both alike. Per pool: each
 version's step, bound, plan (hash of its JSON) and seconds (median over the rounds); a version
 whose answer differs between rounds is flagged (the search is deterministic). The summary counts
-the pools whose answers are identical, those where this checkout's step is faster or slower, the
-gaps above 2 %, and the seconds in all. On a busy 2-core machine a pool's time varies by 10-30 %
+the pools whose answers are identical, those where this checkout's step is faster or slower, those
+where a run crashed (never counted identical), the gaps above 2 %, and the seconds in all. On a busy 2-core machine a pool's time varies by 10-30 %
 from run to run: compare totals over many pools, not one pool."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: i
             max_gpus: int, limit: float, out=sys.stdout) -> dict[str, float]:
     """Run every pool `rounds` times on both checkouts, alternating; print a line per pool and the
     summary, and return the summary's numbers."""
-    tally = {"pools": 0, "identical": 0, "faster": 0, "slower": 0, "other": 0, "unstable": 0,
+    tally = {"pools": 0, "identical": 0, "faster": 0, "slower": 0, "other": 0, "crashed": 0, "unstable": 0,
              "base_gaps": 0, "mine_gaps": 0, "base_s": 0.0, "mine_s": 0.0}
     for pool in pools:
         got: dict[str, list[dict]] = {"base": [], "mine": []}
@@ -120,16 +120,19 @@ def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: i
         unstable = [k for k, v in answers.items() if len(set(v)) > 1]
         tally["unstable"] += bool(unstable)
         seconds = {k: statistics.median(x["seconds"] for x in v) for k, v in got.items()}
-        tally["base_s"] += seconds["base"]
-        tally["mine_s"] += seconds["mine"]
         a, m = got["base"][0]["answer"], got["mine"][0]["answer"]
-        if a == m:
+        if any(isinstance(x, str) and x.startswith("crash") for x in (a, m)):
+            verdict = "crashed"  # never counted as identical, even where both crashed alike
+        elif a == m:
             verdict = "identical"
         elif isinstance(a, list) and isinstance(m, list):
             verdict = "faster" if m[0] < a[0] * (1 - 1e-12) else "slower" if m[0] > a[0] * (1 + 1e-12) else "other"
         else:
             verdict = "other"
         tally[verdict] += 1
+        if verdict != "crashed":  # the totals compare pools both versions answered
+            tally["base_s"] += seconds["base"]
+            tally["mine_s"] += seconds["mine"]
         for key, ans in (("base_gaps", a), ("mine_gaps", m)):
             tally[key] += isinstance(ans, list) and ans[0] > ans[1] * (1 + GAP_GOAL)
         shown = {k: (f"step {v[0]:.6f} bound {v[1]:.6f} plan {v[2]}" if isinstance(v, list) else v)
@@ -139,7 +142,8 @@ def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: i
               + (f"  UNSTABLE: {', '.join(unstable)}" if unstable else ""), file=out, flush=True)
     change = (tally["mine_s"] / tally["base_s"] - 1) * 100 if tally["base_s"] else 0.0
     print(f"{tally['pools']} pools: identical {tally['identical']}, faster step {tally['faster']}, slower step "
-          f"{tally['slower']}, other {tally['other']}, answers differing between rounds {tally['unstable']}; "
+          f"{tally['slower']}, other {tally['other']}, crashed {tally['crashed']}, answers differing between rounds "
+          f"{tally['unstable']}; "
           f"gaps above {GAP_GOAL:.0%}: base {tally['base_gaps']}, this checkout {tally['mine_gaps']}; seconds: "
           f"base {tally['base_s']:.1f}, this checkout {tally['mine_s']:.1f} ({change:+.1f} %)", file=out, flush=True)
     return tally

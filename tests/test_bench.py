@@ -437,8 +437,9 @@ def test_ab_check_rejects_malformed_pools_with_exit_2(spec: str, capsys: pytest.
 def test_ab_check_never_measures_the_installed_planner_in_place_of_the_base(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """A base directory without its own `planner` would import the installed one and compare this
-    checkout with itself: `main` refuses it (exit 2), and a run in it reports a crash naming where
-    `planner` came from instead of an answer."""
+    checkout with itself: `main` refuses it (exit 2), a run in it reports a crash naming where
+    `planner` came from instead of an answer, and a crashed pool is never counted identical nor
+    timed."""
     from benchmarks.ab_check import main, run_one
 
     with pytest.raises(SystemExit) as exc:
@@ -446,3 +447,10 @@ def test_ab_check_never_measures_the_installed_planner_in_place_of_the_base(tmp_
     assert exc.value.code == 2 and "not a hetplan checkout" in capsys.readouterr().err
     got = run_one(tmp_path, ("ladder", 8, 0), workers=1, max_gpus=128, limit=60.0)
     assert got["answer"].startswith("crash: planner came from") and str(tmp_path) in got["answer"]
+    import io
+
+    from benchmarks.ab_check import ROOT, compare
+
+    tally = compare([("ladder", 8, 0)], tmp_path, ROOT, rounds=1, workers=1, max_gpus=128, limit=60.0,
+                    out=io.StringIO())
+    assert tally["crashed"] == 1 and tally["identical"] == 0 and tally["base_s"] == tally["mine_s"] == 0.0
