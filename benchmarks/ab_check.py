@@ -13,8 +13,9 @@ from round to round, so the machine's drift within the hour falls on both alike.
 version's step, bound, plan (hash of its JSON) and seconds (median over the rounds); a version
 whose answer differs between rounds is flagged (the search is deterministic). The summary counts
 the pools whose answers are identical, those where this checkout's step is faster or slower, those
-where a run crashed (never counted identical), the gaps above 2 %, and the seconds in all. On a busy 2-core machine a pool's time varies by 10-30 %
-from run to run: compare totals over many pools, not one pool."""
+where a run crashed (never counted identical), the gaps above 2 %, and the seconds in all (of
+the pools both answered). On a busy 2-core machine a pool's time varies by 10-30 % from run to
+run: compare totals over many pools, not one pool."""
 
 from __future__ import annotations
 
