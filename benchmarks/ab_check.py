@@ -26,12 +26,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 GAP_GOAL = 0.02
 
 # Run in a fresh interpreter with the checkout's directory first on the path, so that it imports
-# that version's `planner` and `benchmarks` (argv: checkout, kind, arguments, workers, limits).
+# that version's `planner` and `benchmarks` (argv: checkout, kind, arguments, workers, limits). The
+# pools are built here rather than by a shared helper, which an older commit would not have.
 CHILD = r"""
 import hashlib, json, random, sys, time
 from pathlib import Path
@@ -103,7 +105,7 @@ def run_one(checkout: Path, pool: tuple[str, int, int], workers: int, max_gpus: 
 
 
 def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: int, workers: int,
-            max_gpus: int, limit: float, out=sys.stdout) -> dict[str, float]:
+            max_gpus: int, limit: float, out: TextIO = sys.stdout) -> dict[str, float]:
     """Run every pool `rounds` times on both checkouts, alternating; print a line per pool and the
     summary, and return the summary's numbers."""
     tally = {"pools": 0, "identical": 0, "faster": 0, "slower": 0, "other": 0, "crashed": 0, "unstable": 0,

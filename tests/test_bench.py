@@ -440,17 +440,14 @@ def test_ab_check_never_measures_the_installed_planner_in_place_of_the_base(tmp_
     checkout with itself: `main` refuses it (exit 2), a run in it reports a crash naming where
     `planner` came from instead of an answer, and a crashed pool is never counted identical nor
     timed."""
-    from benchmarks.ab_check import main, run_one
+    import io
+
+    from benchmarks.ab_check import ROOT, compare, main
 
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path), "--pools", "ladder:8"])
     assert exc.value.code == 2 and "not a hetplan checkout" in capsys.readouterr().err
-    got = run_one(tmp_path, ("ladder", 8, 0), workers=1, max_gpus=128, limit=60.0)
-    assert got["answer"].startswith("crash: planner came from") and str(tmp_path) in got["answer"]
-    import io
-
-    from benchmarks.ab_check import ROOT, compare
-
-    tally = compare([("ladder", 8, 0)], tmp_path, ROOT, rounds=1, workers=1, max_gpus=128, limit=60.0,
-                    out=io.StringIO())
+    out = io.StringIO()
+    tally = compare([("ladder", 8, 0)], tmp_path, ROOT, rounds=1, workers=1, max_gpus=128, limit=60.0, out=out)
+    assert "base crash: planner came from" in out.getvalue() and str(tmp_path) in out.getvalue()
     assert tally["crashed"] == 1 and tally["identical"] == 0 and tally["base_s"] == tally["mine_s"] == 0.0
