@@ -43,7 +43,8 @@ class _StubPool:
 def _refine_alone(lo: int, hi: int) -> list[tuple]:
     unit = Unit(b=2, provider=None, lo=lo, hi=hi, microbatches=64)
     ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[SolvedUnit(0.9, unit, [])],
-                          bounds=[], explored={"units_split": 0, "units_refined": 0})
+                          bounds=[], explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(),
+                          history=[], timeline={"start": 0.0})
     pool = _StubPool(ctx)
     unit_loop.refine(ctx, 0.015, None, pool)
     return pool.log
@@ -148,7 +149,8 @@ def test_a_lift_runs_beside_the_refinement_that_would_come_next() -> None:
     stuck = SolvedUnit(0.80, Unit(b=2, provider=None, lo=4, hi=4, microbatches=64), [], ratio=REFINE_RATIOS[-1])
     fresh = SolvedUnit(0.85, Unit(b=2, provider=None, lo=5, hi=5, microbatches=64), [])
     ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[fresh, stuck], bounds=[],
-                          explored={"units_split": 0, "units_refined": 0})
+                          explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(), history=[],
+                          timeline={"start": 0.0})
     pool = _StubPool(ctx)
     unit_loop.refine(ctx, 0.015, None, pool)
     assert pool.lifts == [([4], [5])]

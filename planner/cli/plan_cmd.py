@@ -17,6 +17,7 @@ from planner.cli.evaluate_cmd import KNOBS_OPT, PROFILES_OPT, _stage_rows, load_
 from planner.cli.output import err_console, key_values, print_json, show, table, warn
 from planner.errors import HetplanError
 from planner.search import SearchResult, search
+from planner.search.history import plan_found
 from planner.specs.cluster import ClusterSpec, load_cluster
 from planner.specs.models import load_model
 from planner.specs.training import TrainingSpec
@@ -58,7 +59,15 @@ def summary(result: SearchResult) -> dict[str, Any]:
         "explored": stats,
         "alternatives": [{"step_s": p.predicted.step_s if p.predicted else None, "micro_batch": p.micro_batch,
                           "pipelines": len(p.pipelines), "gpus": p.num_gpus} for p in result.alternatives],
+        "history": [m.deterministic() for m in result.history],
     }
+
+
+def _found(result: SearchResult) -> str:
+    """When the plan was first the best (seconds into the search, and what found it): a time limit
+    past it returns the same plan."""
+    m = plan_found(result.history)
+    return "-" if m is None else f"{m.seconds:.2f} s into the search ({m.phase.replace('_', ' ')})"
 
 
 def _beyond(result: SearchResult) -> str:
@@ -189,6 +198,7 @@ def plan_command(
                        ("coverage", result.coverage + (" (time limit hit)" if result.timed_out else "")
                         + _beyond(result)),
                        ("search time", f"{result.stats.get('search_s', 0.0):.2f} s"),
+                       ("plan found", _found(result)),
                        ("cost sources", ", ".join(f"{g}: {s}" for g, s in pred.cost_sources.items())),
                    ]),
         table("Stages (m: microbatches of the pipeline; F, B per microbatch)",

@@ -34,6 +34,7 @@ from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s, fluid_work
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
+from planner.search.history import Milestone, close, mark
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
@@ -64,6 +65,8 @@ class SearchResult:
     # the bound of the covered space alone; above `lower_bound_s` when a candidate from outside
     # the coverage (a Megatron grid, a capped three-run pipeline) beats every plan in it
     coverage_bound_s: float | None = None
+    # when the search found its plans and raised its bound (`history`: the last is this result's)
+    history: list[Milestone] = field(default_factory=list)
 
     def counts(self) -> dict[str, float]:
         """`stats` without the wall-clock times: the same for the same input."""
@@ -245,7 +248,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
     providers: list = []
     pending: list[Unit] = []
-    ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored)
+    ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored,
+                      timeline={"start": start})
     for bi, b in enumerate(sizes):
         if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
             timed_out = True
@@ -296,7 +300,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             if progress:
                 progress((bi + k / len(units)) / len(sizes), f"micro_batch {b}, pipelines {u.lo}-{u.hi}")
             timed_out = solve_unit(u, ctx, solver, start, time_limit) or timed_out
-    if pending:
+            mark(ctx, "units")
+    if not pending:
+        ctx.timeline["bounded"] = time.perf_counter()  # exact coverage: every unit solved (or its size unsolved)
+        mark(ctx, "units")
+    else:
         prefetch_frontiers(providers, workers)
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
@@ -365,8 +373,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
                  "plans_scored": len(candidates), "megatron_grid_s": grid_s, "chain_s": chain_s,
                  "search_s": time.perf_counter() - start}
+    close(ctx.history, best.step_s, lower, out_stats["search_s"])
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out,
-                        coverage_bound_s=covered if bounds else None)
+                        coverage_bound_s=covered if bounds else None, history=ctx.history)
 
 
 def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
@@ -401,7 +410,8 @@ def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     idle = {g: n for g, n in idle.items() if n}
     stats = {"gpus_used": used, "search_s": time.perf_counter() - start}
     coverage = "flagscale-meshes" if target == "flagscale" else "megatron-grid"
-    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle, coverage), stats)
+    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle, coverage), stats,
+                        history=[Milestone(coverage, pred.step_s, pred.step_s, stats["search_s"])])
 
 
 def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:

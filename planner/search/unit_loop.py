@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
+from planner.search.history import mark
 from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
 from planner.search.lift import witness_plan
 from planner.search.units import SolvedUnit, Unit, UnitContext, skip_units
@@ -37,6 +38,8 @@ def best_first(pool: UnitPool, ctx: UnitContext, start: float, time_limit: float
         keyed = sorted(members, key=lambda x: (x[0] is None, x[0] or 0.0, x[1]))  # no bound (no template): last
         timed_out = _best_first_tier(pool, ctx, keyed, start, time_limit, progress, done, len(cheap_of)) or timed_out
         done += len(keyed)
+    ctx.timeline["bounded"] = time.perf_counter()  # every unit solved or bounded by its cheap bound
+    mark(ctx, "units")
     return timed_out
 
 
@@ -66,6 +69,7 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
         if progress:
             progress((done + k) / total, f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
         timed_out = pool.solve(batch) or timed_out
+        mark(ctx, "units")
     return timed_out
 
 
@@ -117,8 +121,10 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
             pool.lift(batch, goal, deadline, beside)
             ctx.explored["units_lifted"] = lifted + len(batch)
             ctx.explored["units_refined"] += len(beside)
+            mark(ctx, "lift")
             for low in batch:
                 if witness_plans and low.bound_s < goal * (1 - 1e-6) and witness_plan(low, ctx, best, deadline):
+                    mark(ctx, "lift_witness")
                     # whole copies near the lift's witness beat the best plan: a lower goal
                     best = min(c.step_s for c in ctx.candidates)
                     goal = best / (1 + target) if floor is None else min(floor, best / (1 + target))
@@ -129,10 +135,12 @@ def refine(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
         if _split_due(low):
             pool.split(low)
             ctx.explored["units_split"] += 1
+            mark(ctx, "split")
             continue
         batch = _refine_batch(open_units, UNIT_BATCH)
         pool.refine(batch, deadline, goal_s=goal)
         ctx.explored["units_refined"] += len(batch)
+        mark(ctx, "refinement")
     return False
 
 
@@ -241,11 +249,13 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
 
     batch = next_batch()
     engine_found, cut = pool.finish(batch, engines, sizes, deadline, target) if batch or engines else ([], False)
+    mark(ctx, "polish")
     while batch:
         ctx.explored["units_polished"] += len(batch)
         batch = next_batch()
         if batch:
             cut = pool.finish(batch, [], sizes, deadline, target)[1] or cut
+            mark(ctx, "polish")
     return timed_out or cut, _take(ctx, engines, engine_found)
 
 
@@ -339,6 +349,7 @@ def _take(ctx: UnitContext, engines: list[str], found: list[tuple[object, float]
     seconds: dict[str, float] = {}
     for name, (plan, spent) in zip(engines, found):
         add_if_faster(ctx, plan, f"{name}_added")
+        mark(ctx, name)
         seconds[name] = spent
     return seconds
 

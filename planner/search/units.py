@@ -18,6 +18,7 @@ import numpy as np
 from planner.costmodel.base import CostModel
 from planner.evaluate import evaluate
 from planner.plan import Plan, Prediction
+from planner.search.history import Milestone
 from planner.search.placement import build_plan
 from planner.search.space import ResourceClass
 from planner.search.tail_plans import nearby_rows
@@ -98,6 +99,10 @@ class UnitContext:
     stats: SolverStats
     explored: dict[str, int]
     solved: list["SolvedUnit"] = field(default_factory=list)  # appended to: solved units' bounds
+    history: list[Milestone] = field(default_factory=list)  # appended to by `history.mark`, in the parent
+    # seconds (`time.perf_counter`) at which the search started ("start") and every unit was solved
+    # or bounded ("bounded"; from then on `history.lowest_bound` is a bound)
+    timeline: dict[str, float] = field(default_factory=lambda: {"start": time.perf_counter()})
 
 
 REFINE_RATIOS = (1.5, 1.15, 1.05)  # tail-level ratios of a unit's successive refinements
