@@ -19,6 +19,7 @@ import argparse
 import csv
 import random
 import statistics
+from collections import Counter
 import sys
 from pathlib import Path
 
@@ -107,13 +108,13 @@ def summary(rows: list[list[str]], drawn: int) -> str:
              f"{100 * GAP_GOAL:.0f} % gap" + (f"; above it: {', '.join(over)}" if over else "")]
     if times:
         lines.append(f"search s: median {statistics.median(times):.1f}, least {times[0]:.1f}, most {times[-1]:.1f}")
-    # "1.23 (polish)": when the final plan was first the best; late ones leave the search proving a poorer plan's gap
-    found = [(float(r[at["plan found s"]].split()[0]), float(r[at["search s"]])) for r in rows
-             if r[at["plan found s"]] != "-"]
+    # "1.23 (polish)": when the final plan was first the best, and the phase that found it
+    found = [r[at["plan found s"]].split() for r in rows if r[at["plan found s"]] != "-"]
     if found:
-        late = sum(f > s / 2 for f, s in found)
-        lines.append(f"plan found s: median {statistics.median(f for f, _ in found):.1f}, latest "
-                     f"{max(f for f, _ in found):.1f}; in the second half of the search on {late} of {len(found)}")
+        phases = Counter(phase.strip("()") for _, phase in found)
+        lines.append(f"plan found s: median {statistics.median(float(s) for s, _ in found):.1f}, latest "
+                     f"{max(float(s) for s, _ in found):.1f}; by " + ", ".join(
+                         f"{name} {n}" for name, n in sorted(phases.items(), key=lambda x: (-x[1], x[0]))))
     failed = sum(r[at["check"]] != "ok" for r in rows)
     if failed:
         lines.append(f"{failed} of those plans FAILED the validator or the evaluator's step")

@@ -21,7 +21,7 @@ def test_the_summary_counts_pools_within_the_gap_and_names_the_others() -> None:
     lines = summary(rows, drawn=6).splitlines()
     assert lines[0] == "4 of 6 draws fit; 3 of them end within a 2 % gap; above it: seed 2 pool 7 2.26 %"
     assert lines[1] == "search s: median 3.0, least 1.0, most 9.0"
-    # when the final plans came: one in the second half of its search (8 s of 9 s)
-    assert lines[2] == "plan found s: median 0.5, latest 8.0; in the second half of the search on 1 of 4"
+    # when the final plans came, and what found them
+    assert lines[2] == "plan found s: median 0.5, latest 8.0; by units 3, lift_witness 1"
     assert lines[3] == "1 of those plans FAILED the validator or the evaluator's step"
     assert summary([], drawn=2) == "0 of 2 draws fit; 0 of them end within a 2 % gap"
