@@ -98,10 +98,21 @@ def test_packed_templates_unpack_to_equal_templates() -> None:
     _, lb_set = provider.templates(2, 3)
     plan_set = [provider.resolved(t) for t in provider.plan_templates(2)[:5]]
     assert lb_set and all(t.skeleton is not None for t in lb_set) and all(t.stages for t in plan_set)
-    for templates in (lb_set, plan_set, lb_set[:1] + plan_set[:1], []):
+    from planner.search.units import problem_of
+
+    capped = [lb_set[0]._replace(max_microbatches=5), lb_set[1]._replace(max_microbatches=0)]
+    for templates in (lb_set, plan_set, lb_set[:1] + plan_set[:1], capped, []):
         back = pickle.loads(pickle.dumps(PackedTemplates.of(templates))).unpack()
         assert back == templates
         assert [type(t.usage[0]) for t in back] == [int] * len(back)
+        # the assignment problem read from the columns is the one built from the templates, bit for bit
+        args = ((4, 4), 32, (2, 3))
+        want, got = problem_of(templates, *args), problem_of(PackedTemplates.of(templates), *args)
+        for name in ("a_s", "c_s", "e_s", "max_microbatches", "usage", "avail"):
+            assert getattr(got, name).dtype == getattr(want, name).dtype
+            assert getattr(got, name).shape == getattr(want, name).shape
+            assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+        assert (got.microbatches, got.replicas) == (want.microbatches, want.replicas)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -133,7 +144,7 @@ def test_refinement_merges_new_group_templates_as_a_full_prune_would() -> None:
     import heapq
     import random
 
-    from planner.search.templates import bound_key, prune_templates, skeleton_group
+    from planner.search.templates import PackedTemplates, bound_key, prune_templates, skeleton_group
 
     provider, _ = _provider(2)
     _, lb_set = provider.templates(2, 3)
@@ -149,6 +160,14 @@ def test_refinement_merges_new_group_templates_as_a_full_prune_would() -> None:
         kept = [t for t in lb_set if skeleton_group(t.skeleton) not in covered]
         merged = list(heapq.merge(kept, prune_templates(new, bound_key), key=bound_key))
         assert merged == prune_templates(kept + new, bound_key)
+        # the refinement merges columns (`PackedTemplates.replaced`): the same templates in the same order
+        packed = PackedTemplates.of(lb_set).replaced(covered, PackedTemplates.of(prune_templates(new, bound_key)))
+        assert packed.unpack() == merged
+        assert len(packed.skeletons) == len({t.skeleton for t in merged})  # no skeleton left unused
+    # a set with some templates of no skeleton, replaced by nothing: those stay, in order
+    odd = [lb_set[0]._replace(skeleton=None)] + lb_set[1:]
+    assert PackedTemplates.of(odd).replaced({groups[0]}, PackedTemplates.of([])).unpack() == [
+        t for t in odd if t.skeleton is None or skeleton_group(t.skeleton) != groups[0]]
 
 
 def test_node_packing_is_first_fit_in_file_order() -> None:

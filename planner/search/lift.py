@@ -68,7 +68,9 @@ def lift_unit(su: SolvedUnit, ctx: UnitContext, goal_s: float, deadline: float |
         replaced = None
         if groups:
             e_cap = best - overhead - (pipeline_time_bound(p, stats) or 0.0)
-            replaced = replace_groups(lb_set, provider, u, groups, e_cap, su.ratio or REFINE_RATIOS[-1], deadline)
+            packed = replace_groups(PackedTemplates.of(lb_set), provider, u, groups, e_cap,
+                                    su.ratio or REFINE_RATIOS[-1], deadline)
+            replaced = None if packed is None else packed.unpack()
             done.update(groups)
             refines += 1
         if replaced is not None:

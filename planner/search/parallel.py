@@ -180,8 +180,7 @@ def _refine_task(args: tuple[int, int, int, float, PackedTemplates | list, float
     assert _SEARCH is not None
     index, lo, hi, bound_s, lb_set, incumbent_s, deadline, ratio = args
     local = replace(_SEARCH.ctx, stats=SolverStats())
-    templates = lb_set.unpack() if isinstance(lb_set, PackedTemplates) else lb_set
-    mine = SolvedUnit(bound_s, _unit(index, lo, hi), templates)
+    mine = SolvedUnit(bound_s, _unit(index, lo, hi), lb_set)  # refined as columns (`units.replace_groups`)
     refine_unit(mine, local, incumbent_s, deadline, ratio)
     return mine.bound_s, local.stats.ilp_solves, _packed(mine.lb_set)
 

@@ -293,6 +293,42 @@ class PackedTemplates:
                    np.array(sk, dtype=np.int64), list(index),
                    [t.stages for t in templates] if any(t.stages for t in templates) else None)
 
+    def __len__(self) -> int:
+        return len(self.proto)
+
+    def replaced(self, covered: set[tuple], new: PackedTemplates) -> PackedTemplates:
+        """These templates without those of the skeleton groups `covered` (`skeleton_group`),
+        merged with `new`: the columns of `heapq.merge(kept, new, key=bound_key)` over the
+        template lists, both in `bound_key` order already (on equal keys these first), without
+        building a template. Skeletons no template keeps are dropped."""
+        groups = [skeleton_group(sk) for sk in self.skeletons] + [()]  # index -1: no skeleton
+        new_groups = [skeleton_group(sk) for sk in new.skeletons] + [()]
+        rank = {g: r for r, g in enumerate(sorted(set(groups) | set(new_groups)))}
+        keep = ~np.array([g in covered for g in groups])[self.skeleton]
+        n_old = len(self.skeletons)
+        sk = np.concatenate([self.skeleton[keep], np.where(new.skeleton < 0, -1, new.skeleton + n_old)])
+        grank = np.concatenate([np.array([rank[g] for g in groups])[self.skeleton[keep]],
+                                np.array([rank[g] for g in new_groups])[new.skeleton]])
+        usage = np.concatenate([self.usage[keep], new.usage.reshape(len(new), self.usage.shape[1])])
+        source = np.repeat([0, 1], [int(keep.sum()), len(new)])
+        # the merge's order: key (usage, then group), then the list it came from, then its place there
+        order = np.lexsort((np.arange(len(sk)), source, grank) + tuple(usage[:, j] for j in range(usage.shape[1] - 1,
+                                                                                               -1, -1)))
+        used, sk_new = np.unique(sk[sk >= 0], return_inverse=True)
+        remap = np.full(len(sk), -1)
+        remap[sk >= 0] = sk_new
+        skeletons = [*self.skeletons, *new.skeletons]
+        stages = None
+        if self.stages is not None or new.stages is not None:
+            mine = self.stages if self.stages is not None else [()] * len(self)
+            theirs = new.stages if new.stages is not None else [()] * len(new)
+            joined = [st for st, k in zip(mine, keep.tolist()) if k] + list(theirs)
+            stages = [joined[i] for i in order.tolist()]
+        return PackedTemplates(usage[order], np.concatenate([self.times[keep], new.times.reshape(len(new), 3)])[order],
+                               np.concatenate([self.max_microbatches[keep], new.max_microbatches])[order],
+                               np.concatenate([self.proto[keep], new.proto])[order], remap[order],
+                               [skeletons[k] for k in used.tolist()], stages)
+
     def unpack(self) -> list[Template]:
         n = len(self.proto)
         stages = self.stages if self.stages is not None else [()] * n

@@ -7,7 +7,6 @@ large pools, and turns an assignment into a scored candidate plan.
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -46,11 +45,17 @@ class Candidate:
     unit: tuple[int, int, int] | None = None  # (microbatch size, lo, hi) of the unit it came from
 
 
-def problem_of(templates: list[Template], avail: tuple[int, ...], microbatches: int,
-             replicas: tuple[int, int]) -> AssignProblem:
+def problem_of(templates: list[Template] | PackedTemplates, avail: tuple[int, ...], microbatches: int,
+               replicas: tuple[int, int]) -> AssignProblem:
     # column by column with np.fromiter: about 3x faster than transposing the named tuples and
     # converting nested tuples (a 32-GPU search asks this 65 times, of 5,000 templates each)
     n, width = len(templates), len(avail)
+    if isinstance(templates, PackedTemplates):  # the columns are there: the same arrays, no template built
+        m = templates.max_microbatches
+        return AssignProblem(a_s=templates.times[:, 0].copy(), c_s=templates.times[:, 1].copy(),
+                             e_s=templates.times[:, 2].copy(), max_microbatches=np.where(m > 0, m, BIG_M),
+                             usage=templates.usage.reshape(n, width), avail=np.array(avail, dtype=np.int64),
+                             microbatches=microbatches, replicas=replicas)
     return AssignProblem(
         a_s=np.fromiter((t.a_s for t in templates), dtype=float, count=n),
         c_s=np.fromiter((t.c_s for t in templates), dtype=float, count=n),
@@ -235,18 +240,20 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
     return unit.truncated or unit.timed_out or resolves_cut or getattr(provider, "truncated", False)
 
 
-def replace_groups(lb_set: list[Template], provider, u: Unit, groups: set[tuple], e_cap: float, ratio: float,
-                    deadline: float | None) -> list[Template] | None:
+def replace_groups(lb_set: PackedTemplates, provider, u: Unit, groups: set[tuple], e_cap: float, ratio: float,
+                   deadline: float | None) -> PackedTemplates | None:
     """`lb_set` with the templates of `groups` replaced by their tail-capped frontiers
     (`BlocksProvider.level_templates`), or None when none of them got any. The set stays as
     `prune_templates(..., bound_key)` leaves it, ordered by key: the other groups' templates are
     pruned already and share no key with the new ones, so only those are pruned and the two merged
-    (pruning the whole set again was 15 % of refinement)."""
+    (pruning the whole set again was 15 % of refinement). As columns (`PackedTemplates.replaced`):
+    on `many_types.py --seed 17` pool 11 a refinement round had spent more on turning its thousands
+    of templates into objects and back (filtering, merging, the LP's arrays, packing for the parent)
+    than on its LPs."""
     new, covered = provider.level_templates(u.lo, u.hi, groups, e_cap, ratio, deadline)
     if not covered:
         return None
-    kept = [t for t in lb_set if skeleton_group(t.skeleton or ()) not in covered]
-    return list(heapq.merge(kept, prune_templates(new, bound_key), key=bound_key))
+    return lb_set.replaced(covered, PackedTemplates.of(prune_templates(new, bound_key)))
 
 
 def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: float | None,
@@ -264,7 +271,7 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
     if not hasattr(provider, "level_templates") or su.bound_s >= incumbent_s / (1 + CUT_SLACK):
         return
     overhead = ctx.cost.knobs.step_overhead_s
-    lb_set, done = su.lb_set, set()
+    lb_set, done = su.lb_set if isinstance(su.lb_set, PackedTemplates) else PackedTemplates.of(su.lb_set), set()
     # tails above e_cap cannot be in a plan that beats the incumbent: the levels stop there
     # each round's problem is the next round's start (building it is a pass over every template)
     problem = problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
@@ -274,8 +281,8 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         if deadline is not None and time.perf_counter() > deadline:
             break
         used = lp_support(problem, su.bound_s - overhead, stats=ctx.stats, fewest=True)
-        groups = {provider.skeleton_group(lb_set[k].skeleton) for k in np.flatnonzero(used)
-                  if lb_set[k].skeleton is not None} - done - {None}
+        groups = {provider.skeleton_group(lb_set.skeletons[k]) for k in set(lb_set.skeleton[np.flatnonzero(used)].tolist())
+                  if k >= 0} - done - {None}
         if not groups:
             break
         groups = other_orders(groups, lb_set) - done
@@ -307,7 +314,7 @@ def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, in
     refined, 14 with the parts inheriting)."""
     u = part.unit
     overhead = ctx.cost.knobs.step_overhead_s
-    templates = whole.lb_set.unpack() if isinstance(whole.lb_set, PackedTemplates) else whole.lb_set
+    templates = whole.lb_set  # a list or columns: `problem_of` reads either
     unit = SolverStats()
     lb = solve_assignment_lp(problem_of(templates, ctx.avail, u.microbatches, (u.lo, u.hi)), unit,
                              incumbent_s=incumbent_s - overhead, bound_only=True) if templates else None
@@ -318,11 +325,12 @@ def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, in
     part.bound_s, part.lb_set, part.ratio = max(part.bound_s, bound), whole.lb_set, whole.ratio
 
 
-def other_orders(groups: set[tuple], lb_set: list[Template]) -> set[tuple]:
+def other_orders(groups: set[tuple], lb_set: list[Template] | PackedTemplates) -> set[tuple]:
     """`groups` and the other run orders of the same GPU groups among `lb_set`'s skeleton groups
     (A100 -> L4 for L4 -> A100), refined together (`refine_unit`)."""
     kinds = {frozenset(g) for g in groups}
-    present = {skeleton_group(t.skeleton) for t in lb_set if t.skeleton is not None}
+    skeletons = lb_set.skeletons if isinstance(lb_set, PackedTemplates) else (t.skeleton for t in lb_set)
+    present = {skeleton_group(sk) for sk in skeletons if sk is not None}
     return groups | {g for g in present if frozenset(g) in kinds}
 
 
