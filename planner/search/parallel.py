@@ -60,8 +60,8 @@ def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
     counts at once. Halving a narrow class peels one count off the top and leaves the lower part's
     bound where it was (its lowest count sets it): on `benchmarks/chain_check.py`'s slowest pool
     (35 GPUs), [9, 13] went through four splits and four refinements of parts whose bound did not
-    move before [9, 9] and [10, 10] were reached. Either way every part's bound is at least the
-    class's (`UnitPool.split`)."""
+    move before [9, 9] and [10, 10] were reached. Either way every part starts from at least the
+    class's bound (`UnitPool.split`)."""
     mid = max(lo, min(hi - 1, int(lo * 1.5)))
     if narrow_class(lo, hi) and hi - lo < SPLIT_SINGLETONS:
         return [(r, r) for r in range(lo, hi + 1)]
