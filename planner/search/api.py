@@ -248,8 +248,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
     providers: list = []
     pending: list[Unit] = []
-    ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats, explored,
-                      timeline={"start": start})
+    ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats,
+                      explored, timeline={"start": start})
     for bi, b in enumerate(sizes):
         if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
             timed_out = True

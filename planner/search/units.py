@@ -281,8 +281,8 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         if deadline is not None and time.perf_counter() > deadline:
             break
         used = lp_support(problem, su.bound_s - overhead, stats=ctx.stats, fewest=True)
-        groups = {provider.skeleton_group(lb_set.skeletons[k]) for k in set(lb_set.skeleton[np.flatnonzero(used)].tolist())
-                  if k >= 0} - done - {None}
+        rows = set(lb_set.skeleton[np.flatnonzero(used)].tolist())  # skeleton indices, -1: none
+        groups = {provider.skeleton_group(lb_set.skeletons[k]) for k in rows if k >= 0} - done - {None}
         if not groups:
             break
         groups = other_orders(groups, lb_set) - done
