@@ -14,7 +14,7 @@ from planner.cli.main import main
 from planner.cli.plan_cmd import summary
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.search import search
-from planner.search.history import Milestone, close, gap_within, plan_found
+from planner.search.history import Milestone, close, plan_found
 from planner.specs.cluster import load_cluster
 from planner.specs.models import get_model
 from planner.specs.training import TrainingSpec
@@ -78,14 +78,12 @@ def test_exact_coverage_and_grid_targets_have_histories() -> None:
 
 
 def test_history_helpers() -> None:
-    """`plan_found` is the first milestone with the final plan, `gap_within` the first whose plan
-    is within the gap of its bound, `close` adds the result's plan and bound only where the last
-    milestone differs."""
+    """`plan_found` is the first milestone with the final plan, `close` adds the result's plan and
+    bound only where the last milestone differs."""
     history = [Milestone("units", 10.0, None, 1.0), Milestone("units", 9.0, 8.0, 2.0),
                Milestone("polish", 8.5, 8.0, 3.0), Milestone("refinement", 8.5, 8.4, 4.0)]
     assert plan_found(history) is history[2]
-    assert gap_within(history, 0.1) is history[2] and gap_within(history, 0.02) is history[3]
-    assert gap_within(history, 0.001) is None and plan_found([]) is None
+    assert plan_found([]) is None
     close(history, 8.5, 8.4, 5.0)
     assert len(history) == 4
     close(history, 8.5, 8.3, 5.0)  # a size left unsolved: its fluid bound, counted at the end
