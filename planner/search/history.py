@@ -5,7 +5,8 @@ says how well it is proven).
 On pools of many GPU types the best plan can come late: `benchmarks/many_types.py --seed 17`
 pool 11 (OPT-350M on 163 GPUs of four types) kept a 0.4322 s plan from 6 s to 33 s of a 35 s
 search (at the start of session 37; 25 s since, the same plan), most of it refinement raising
-bounds toward that plan, and its 0.4191 s plan came from a lift's witness in the last two seconds. A search's own counts cannot show that; this does.
+bounds toward that plan, and its 0.4191 s plan came from a lift's witness in the last two seconds.
+A search's own counts cannot show that; this does.
 
 A milestone is taken in the search's process, between batches of work whose order does not depend
 on the worker count, so the phases, steps and bounds are the same for the same input; only the
