@@ -74,14 +74,8 @@ def test_a_narrow_class_is_refined_at_every_ratio_before_it_is_split() -> None:
     assert hi - lo + 1 > SPLIT_SINGLETONS and split_counts(lo, hi)[-1] == (hi, hi)
 
 
-def test_the_part_keeping_the_lowest_count_goes_on_from_the_class_refinement() -> None:
-    """A wide class [9, 16] refined at the first ratio and split: its part [9, 13] has tails costed
-    for 9 pipelines as the class had, so it takes the class's refined templates and ratio (next:
-    1.15) and a bound at least the class's and its own; [14, 16] starts afresh. No plan of the
-    part the split found is faster than that bound."""
-    import time
-
-    from planner.search.parallel import UnitPool
+def _big_context() -> tuple:
+    """A unit context and a blocks provider (microbatch 1) on `test_search_refine`'s big pool."""
     from planner.search.providers import BlocksProvider
     from planner.search.space import block_types, resource_classes, stage_shapes
     from planner.search.units import UnitContext
@@ -91,14 +85,23 @@ def test_the_part_keeping_the_lowest_count_goes_on_from_the_class_refinement() -
     classes = resource_classes(BIG_CLUSTER)
     shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
     avail = tuple(rc.gpus for rc in classes)
+    provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+                              BIG_CLUSTER.single_node)
+    return UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, classes, COST, avail, [], [], set(),
+                       SolverStats(), {"assignments": 0}), provider
 
-    def context() -> tuple[UnitContext, BlocksProvider]:
-        provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
-                                  BIG_CLUSTER.single_node)
-        return UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, classes, COST, avail, [], [], set(),
-                           SolverStats(), {"assignments": 0}), provider
 
-    ctx, provider = context()
+def test_the_part_keeping_the_lowest_count_goes_on_from_the_class_refinement() -> None:
+    """A wide class [9, 16] refined at the first ratio and split: its part [9, 13] has tails costed
+    for 9 pipelines as the class had, so it takes the class's refined templates and ratio (next:
+    1.15) and a bound at least the class's and its own; [14, 16] starts afresh. No plan of the
+    part the split found is faster than that bound."""
+    import time
+
+    from planner.search.parallel import UnitPool
+    from tests.test_search_refine import BIG_TRAINING
+
+    ctx, provider = _big_context()
     wide = Unit(1, provider, 9, 16, BIG_TRAINING.global_batch)
     with UnitPool([wide], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
         pool.solve([wide])
@@ -107,7 +110,7 @@ def test_the_part_keeping_the_lowest_count_goes_on_from_the_class_refinement() -
         assert whole.ratio == REFINE_RATIOS[0]
         pool.split(whole)
         low, high = sorted(ctx.solved, key=lambda su: su.unit.lo)
-    fresh_ctx, fresh_provider = context()
+    fresh_ctx, fresh_provider = _big_context()
     alone = Unit(1, fresh_provider, 9, 13, BIG_TRAINING.global_batch)
     with UnitPool([alone], fresh_ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
         pool.solve([alone])
@@ -155,3 +158,38 @@ def test_a_lift_runs_beside_the_refinement_that_would_come_next() -> None:
     unit_loop.refine(ctx, 0.015, None, pool)
     assert pool.lifts == [([4], [5])]
     assert pool.log == [("refine", 5, 5, REFINE_RATIOS[0])] and ctx.explored["units_refined"] == 1
+
+
+def test_every_part_of_a_split_starts_from_the_class_bound() -> None:
+    """The class's bound holds for every plan of each part, so a part whose own first bound is
+    lower starts from the class's (`UnitPool.split`). The class's bound is set above what either
+    part's own LP gives, as if refinement had raised it that far (on `many_types.py --seed 17`
+    pool 11 [14, 21] at 0.4164 s split into single counts bounded at 0.399-0.403 s)."""
+    import time
+
+    from planner.search.parallel import UnitPool
+    from tests.test_search_refine import BIG_TRAINING
+
+    ctx, provider = _big_context()
+    wide = Unit(1, provider, 9, 16, BIG_TRAINING.global_batch)
+    with UnitPool([wide], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
+        pool.solve([wide])
+        (whole,) = ctx.solved
+        whole.bound_s = 2.0 * max(c.step_s for c in ctx.candidates)
+        pool.split(whole)
+    assert sorted((su.unit.lo, su.unit.hi) for su in ctx.solved) == [(9, 13), (14, 16)]
+    assert all(su.bound_s == whole.bound_s for su in ctx.solved)
+
+
+def test_a_unit_stuck_at_the_lowest_bound_is_lifted_before_those_tied_with_it() -> None:
+    """Two single counts at the same lowest bound, one refined as far as it goes: only a lift can
+    raise it, and until then refining the other cannot raise the lowest bound, so the lift comes
+    first (the other's refinement beside it); before, the other was refined through every ratio."""
+    stuck = SolvedUnit(0.80, Unit(b=2, provider=None, lo=4, hi=4, microbatches=64), [], ratio=REFINE_RATIOS[-1])
+    tied = SolvedUnit(0.80, Unit(b=2, provider=None, lo=5, hi=5, microbatches=64), [])
+    ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[tied, stuck], bounds=[],
+                          explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(), history=[],
+                          timeline={"start": 0.0})
+    pool = _StubPool(ctx)
+    unit_loop.refine(ctx, 0.015, None, pool)
+    assert pool.lifts[0] == ([4], [5])
