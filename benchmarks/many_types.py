@@ -10,7 +10,8 @@ step, else the row says so. "plan found s" is when the final plan was first the 
 found it (`planner.search.history`): where it comes long before the end, the rest of the search
 went to proving the gap. Draws that fit nowhere are listed with the reason. Times vary by 10-30 %
 from run to run on a busy 2-core machine. The last lines sum the run up: how many draws fit, how
-many of those end within a 2 % gap (the issue's target), which do not, and the search times.
+many of those end within a 2 % gap (the issue's target), which do not, the search times, and when
+and by which phase the final plans were found.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import argparse
 import csv
 import random
 import statistics
-from collections import Counter
 import sys
+from collections import Counter
 from pathlib import Path
 
 if __package__ in (None, ""):

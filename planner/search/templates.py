@@ -312,8 +312,7 @@ class PackedTemplates:
         usage = np.concatenate([self.usage[keep], new.usage.reshape(len(new), self.usage.shape[1])])
         source = np.repeat([0, 1], [int(keep.sum()), len(new)])
         # the merge's order: key (usage, then group), then the list it came from, then its place there
-        order = np.lexsort((np.arange(len(sk)), source, grank) + tuple(usage[:, j] for j in range(usage.shape[1] - 1,
-                                                                                               -1, -1)))
+        order = np.lexsort((np.arange(len(sk)), source, grank, *usage.T[::-1]))  # the last key sorts first
         used, sk_new = np.unique(sk[sk >= 0], return_inverse=True)
         remap = np.full(len(sk), -1)
         remap[sk >= 0] = sk_new
