@@ -10,9 +10,9 @@ tp / cp / head / stage-dp degrees, recompute modes and ZeRO stages; widths 256-8
 searched by default and, where its enumeration stays small, with the exact coverage forced, and
 `check` lists what is wrong: a plan the validator rejects or whose step the evaluator does not
 reproduce, a plan faster than the oracle's optimum (the oracle would be wrong), a plan slower than
-it on the exact coverage, a bound above the optimum where the coverage holds every plan of the
-instance, or a disagreement on whether any plan fits. The last line counts instances, problems,
-and how often the default search returned the optimum itself.
+it on the exact coverage, a bound above the optimum where the optimum's plan lies in the coverage
+(`in_coverage`), or a disagreement on whether any plan fits. The last line counts instances, problems,
+how often the default search returned the optimum itself, and its coverages.
 `tests/test_search_bruteforce.py` runs a few seeded draws.
 """
 
@@ -22,14 +22,16 @@ import argparse
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.brute_force import as_plan, brute_force
+from benchmarks.brute_force import Found, as_plan, brute_force
 from planner.costmodel.analytic import AnalyticCostModel
+from planner.costmodel.base import device_class_of
 from planner.errors import InfeasibleError
 from planner.evaluate import evaluate
 from planner.search import search
@@ -90,13 +92,21 @@ def draw(rng: random.Random) -> Instance:
     return Instance(model, cluster, training)
 
 
-def _holds_every_plan(coverage: str, inst: Instance) -> bool:
-    """Whether the coverage holds every plan: exact, or runs and mixed stages capped at or above
-    the most stages a pipeline can have (a stage takes a layer slot and a GPU at least)."""
+def in_coverage(found: Found, coverage: str, cluster: ClusterSpec) -> bool:
+    """Whether the oracle's plan lies in the coverage: exact holds every plan; "blocks<=B" every
+    pipeline of at most B runs (consecutive stages of one device class and GPU count) on pairwise
+    different device classes, with ",mixed<=K" those of two runs at most K stages long."""
     if coverage == "exact":
         return True
-    most_stages = min(inst.model.num_layer_slots, inst.cluster.num_gpus)
-    return min(coverage_rank(coverage)) >= most_stages
+    most_runs, mixed_cap = coverage_rank(coverage)
+    key = [device_class_of(g).key for g in cluster.nodes]
+    for stages, _ in found.pipelines:
+        blocks = [(key[c.group], c.gpus) for c, _, _ in stages]
+        runs = [b for k, b in enumerate(blocks) if k == 0 or b != blocks[k - 1]]
+        classes = [cls for cls, _ in runs]
+        if len(runs) > most_runs or len(set(classes)) < len(classes) or (len(runs) == 2 and len(stages) > mixed_cap):
+            return False
+    return True
 
 
 @dataclass
@@ -104,6 +114,7 @@ class Outcome:
     problems: list[str]
     optimum_s: float | None
     default_s: float | None  # the default search's step
+    coverage: str | None  # the default search's coverage
 
 
 def check(inst: Instance) -> Outcome:
@@ -117,7 +128,7 @@ def check(inst: Instance) -> Outcome:
             problems.append(f"oracle plan invalid or mis-scored: {broken[:1]}")
     small = max(inst.cluster.num_gpus, inst.model.num_layer_slots) <= EXACT_FORCED
     modes = {"default": {}, **({"exact": dict(exact_limit=10**6, exact_max_layers=99)} if small else {})}
-    default_s = None
+    default_s = coverage = None
     for mode, kw in modes.items():
         try:
             result = search(inst.model, inst.cluster, inst.training, cost=COST, **kw)
@@ -126,7 +137,8 @@ def check(inst: Instance) -> Outcome:
                 problems.append(f"{mode}: infeasible ({e}) but the oracle has {found.step_s:.6f} s")
             continue
         step = result.prediction.step_s
-        default_s = step if mode == "default" else default_s
+        if mode == "default":
+            default_s, coverage = step, result.coverage
         if found is None:
             problems.append(f"{mode}: plan of {step:.6f} s where the oracle has none")
             continue
@@ -137,12 +149,12 @@ def check(inst: Instance) -> Outcome:
             problems.append(f"{mode}: {step:.9f} s beats the oracle's {found.step_s:.9f} s")
         if result.coverage == "exact" and step > found.step_s * (1 + REL):
             problems.append(f"{mode}: exact coverage but {step:.9f} s against the optimum {found.step_s:.9f} s")
-        if _holds_every_plan(result.coverage, inst) and result.lower_bound_s > found.step_s * (1 + REL):
+        if in_coverage(found, result.coverage, inst.cluster) and result.lower_bound_s > found.step_s * (1 + REL):
             problems.append(f"{mode}: bound {result.lower_bound_s:.9f} s above the optimum {found.step_s:.9f} s "
                             f"({result.coverage})")
         if result.lower_bound_s > step * (1 + REL):
             problems.append(f"{mode}: bound {result.lower_bound_s:.9f} s above its own plan {step:.9f} s")
-    return Outcome(problems, None if found is None else found.step_s, default_s)
+    return Outcome(problems, None if found is None else found.step_s, default_s, coverage)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     start = time.perf_counter()
     done = bad = fit = optimal = 0
+    coverages: Counter[str] = Counter()
     for k in range(args.count):
         if args.minutes is not None and time.perf_counter() - start > 60 * args.minutes:
             break
@@ -161,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         out = check(inst)
         done += 1
         fit += out.optimum_s is not None
+        coverages[out.coverage or "none"] += 1
         optimal += out.optimum_s is not None and out.default_s is not None \
             and out.default_s <= out.optimum_s * (1 + REL)
         if out.problems:
@@ -170,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {p}", flush=True)
     print(f"seed {args.seed}: {done} instances, {fit} with a plan, {bad} with problems; the default search "
           f"returned the optimum on {optimal} of {fit}; {time.perf_counter() - start:.0f} s")
+    print("default coverage: " + ", ".join(f"{name} {n}" for name, n in sorted(coverages.items())))
     return 1 if bad else 0
 
 
