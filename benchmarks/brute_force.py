@@ -238,7 +238,7 @@ def brute_force(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                     for cuts in itertools.combinations(range(1, big_m), r - 1):
                         dealt = [hi - lo for lo, hi in zip((0, *cuts), (*cuts, big_m))]
                         step = max(scored[i][0][m - 1] for i, m in zip(combo, dealt)) + tail + overhead
-                        if best is None or step < best.step_s - 1e-15:
+                        if step < (math.inf if best is None else best.step_s - 1e-15):  # inf: some overflow
                             best = Found(step, b, tuple((pipes[i][1], m) for i, m in zip(combo, dealt)))
     return best
 

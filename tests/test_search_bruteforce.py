@@ -17,6 +17,7 @@ import pytest
 from benchmarks.brute_force import as_plan, brute_force
 from benchmarks.oracle_fuzz import check, draw
 from planner.costmodel.analytic import AnalyticCostModel
+from planner.errors import InfeasibleError
 from planner.evaluate import evaluate
 from planner.search import search
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
@@ -112,6 +113,22 @@ def test_oracle_shortcut_changes_nothing(name: str) -> None:
     model, cluster, training, _ = _instance(name)
     cost = AnalyticCostModel()
     assert brute_force(model, cluster, training, cost) == brute_force(model, cluster, training, cost, prune=False)
+
+
+def test_oracle_finds_no_plan_where_every_deal_overflows() -> None:
+    """Pipelines that fit only at fewer microbatches than any deal gives them are no plan (the
+    oracle once took an infinite step for one, a `oracle_fuzz` draw); the search says the model
+    fits nowhere."""
+    model = ModelSpec(name="wide", num_layers=8, hidden=8192, ffn_hidden=4 * 8192, num_heads=8, num_kv_heads=4,
+                      vocab=32000, seq_len=4096, activation="swiglu", norm="rmsnorm", learned_positions=False)
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="RTX-2080Ti", nodes=1, gpus_per_node=1),
+                                 NodeGroup(gpu="H100-SXM5-80GB", nodes=1, gpus_per_node=2)])
+    training = TrainingSpec(global_batch=8, seq_len=4096, micro_batches=(1, 2, 4), max_tp=2, max_cp=2, max_hp=2,
+                            max_stage_dp=1, recompute=("none",), zero=1)
+    cost = AnalyticCostModel()
+    assert brute_force(model, cluster, training, cost) is None
+    with pytest.raises(InfeasibleError):
+        search(model, cluster, training, cost=cost)
 
 
 DRAWS = 24
