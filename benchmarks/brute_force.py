@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from planner.costmodel import stage as st
 from planner.costmodel.base import CostModel, Shard, device_class_of
 from planner.plan import Pipeline, Plan, Stage
+from planner.search.space import StageShape
 from planner.specs import ClusterSpec, ModelSpec, TrainingSpec
 
 SHAPE_DEGREES = (1, 2, 4)  # tp, cp, hp and stage dp each take these (up to the training limits)
@@ -31,23 +32,10 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16)  # the search's sizes when the training
 
 
 @dataclass(frozen=True)
-class StageChoice:
-    """A stage's node group (index into `cluster.nodes`) and shape."""
+class StageChoice(StageShape):
+    """A stage's shape on one node group (index into `cluster.nodes`)."""
 
     group: int
-    tp: int
-    cp: int
-    hp: int
-    dp: int
-    recompute: str
-
-    @property
-    def group_size(self) -> int:
-        return self.tp * self.cp * self.hp
-
-    @property
-    def gpus(self) -> int:
-        return self.group_size * self.dp
 
 
 @dataclass(frozen=True)
@@ -79,7 +67,7 @@ def stage_choices(cluster: ClusterSpec, training: TrainingSpec, micro_batch: int
                 continue
             if model.num_heads % (tp * hp) or model.kv_heads % tp or training.seq_len % (cp * hp):
                 continue
-            out.extend(StageChoice(gi, tp, cp, hp, dp, rc) for rc in training.recompute)
+            out.extend(StageChoice(tp, cp, hp, dp, rc, gi) for rc in training.recompute)
     return out
 
 
