@@ -5,12 +5,15 @@ pool's size, and "fits nowhere" is said only once they and the Megatron grids fo
 
 from __future__ import annotations
 
+import pytest
+
 from planner.costmodel.analytic import AnalyticCostModel
+from planner.errors import InfeasibleError
 from planner.evaluate import evaluate
 from planner.search import search
 from planner.search.candidates import CHAIN_IDLE_SHARE, wants_chains
 from planner.search.space import resource_classes
-from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
+from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
 from planner.validate import violations
 
@@ -81,3 +84,41 @@ def test_the_coverage_bound_is_refined_toward_a_plan_found_outside_it() -> None:
     assert res.stats["chain_added"] == 1 and res.stats["units_refined"] > 0
     assert res.coverage_bound_s is not None and res.lower_bound_s == res.coverage_bound_s
     assert res.gap <= 0.015
+
+
+def _return_trip() -> tuple:
+    """Two layers of width 8,192 on 4 T4 + 4 RTX-2080Ti (groups may span nodes), 8,192 tokens, one
+    microbatch of 4: the only plans run T4 -> RTX-2080Ti -> T4, a pipeline that returns to a GPU
+    type, outside the blocks coverage and the mesh chains (an `oracle_fuzz.py --seed 9` draw)."""
+    model = ModelSpec(name="return-trip", num_layers=2, hidden=8192, ffn_hidden=4 * 8192, num_heads=8,
+                      num_kv_heads=2, vocab=32000, seq_len=8192, activation="gelu", norm="layernorm",
+                      learned_positions=True)
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="T4", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="RTX-2080Ti", nodes=1, gpus_per_node=4)], allow_cross_node_tp=True)
+    training = TrainingSpec(global_batch=4, seq_len=8192, micro_batches=(4,), max_tp=2, max_cp=2, max_hp=2,
+                            max_stage_dp=1, recompute=("selective", "none"), zero=0)
+    return model, cluster, training
+
+
+def test_a_small_model_no_blocks_plan_fits_is_searched_again_exactly() -> None:
+    """The blocks coverage holds no plan; the exact coverage (a small model) has the return trip."""
+    model, cluster, training = _return_trip()
+    result = search(model, cluster, training, cost=COST)
+    assert result.coverage == "exact"
+    gpus = [s.gpu for s in result.plan.pipelines[0].stages]
+    assert gpus == ["T4", "RTX-2080Ti", "T4"]
+    assert not violations(result.plan, cluster, COST)
+    assert evaluate(result.plan, cluster, COST).step_s == result.prediction.step_s
+    assert "searched again on the exact coverage" in result.explanation[-1]
+    assert result.lower_bound_s <= result.prediction.step_s
+
+
+def test_no_plan_of_the_searched_space_is_not_said_to_fit_nowhere() -> None:
+    """Without the exact coverage (no model slots allowed for it) nothing searched fits, but the
+    pool holds the model states: the error names the searched space, not "fits nowhere"."""
+    model, cluster, training = _return_trip()
+    with pytest.raises(InfeasibleError) as err:
+        search(model, cluster, training, cost=COST, exact_max_layers=0)
+    assert "no plan of the searched space (blocks<=2 pipelines" in str(err.value)
+    assert "fits nowhere" not in str(err.value)
+    assert "A -> B -> A" in str(err.value)

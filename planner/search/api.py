@@ -35,6 +35,7 @@ from planner.search.bounds import fluid_bound_s, fluid_work
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.history import Milestone, close, mark
+from planner.search.no_plan import after_exact_fallback, raise_no_plan
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
@@ -48,6 +49,10 @@ from solvers.assign import SolverStats
 
 
 TIMING_STATS = ("search_s", "megatron_grid_s", "chain_s")  # wall-clock entries of `SearchResult.stats`
+# where no plan of the blocks coverage fits a model of at most `exact_max_layers` slots, the search
+# runs again on the exact coverage up to this many ordered group sequences per microbatch size
+# (0.1-0.5 s on the 6-8 GPU pools of `benchmarks/oracle_fuzz.py`) before it says no plan fits
+EXACT_FALLBACK_LIMIT = 5000
 
 
 @dataclass
@@ -179,7 +184,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     all of them fit the limit; capped in length they are plan candidates outside the bound's space
     (the coverage names the bound's space; a plan may beat the bound, gap then 0, and the
     explanation says which pipelines lie outside it). The result's coverage is the narrowest one
-    used.
+    used. Where nothing of the blocks coverage (nor a mesh chain, below) fits a model of at most
+    `exact_max_layers` slots, the search runs again on the exact coverage up to
+    `EXACT_FALLBACK_LIMIT` sequences (a pipeline that returns to a GPU type, A -> B -> A, may be the
+    only plan); the model is said to fit nowhere only where the exact coverage or the pool's memory
+    shows it, else the error names the space searched (`no_plan`).
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`, then
@@ -335,7 +344,21 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     if progress:
         progress(1.0, "done")
     if not candidates:
-        _raise_infeasible(model, training, cluster, classes, cost, timed_out)
+        if not timed_out and n_slots <= exact_max_layers and exact_limit < EXACT_FALLBACK_LIMIT \
+                and coverages - {"exact"}:
+            spent = time.perf_counter() - start
+            left = None if time_limit is None else time_limit - spent
+            if left is None or left > 0:
+                again = search(model, cluster, training, cost=cost, time_limit=left, solver=solver,
+                               max_blocks=max_blocks, exact_limit=EXACT_FALLBACK_LIMIT,
+                               exact_max_layers=exact_max_layers, mixed_limit=mixed_limit, triple_limit=triple_limit,
+                               top_k=top_k, refine_gap=refine_gap, workers=workers, progress=progress,
+                               polish=polish, chains=chains)
+                return after_exact_fallback(again, min(coverages, key=coverage_rank), spent, EXACT_FALLBACK_LIMIT)
+            timed_out = True
+        raise_no_plan(model, training, classes, cost, timed_out,
+                      None if coverages <= {"exact"} else min(coverages, key=coverage_rank),
+                      chains != "never" and "exact" not in coverages)
     candidates.sort(key=lambda c: (c.step_s, c.micro_batch, c.plan.num_gpus))
     best = candidates[0]
     for b in sorted(unsolved_sizes):
@@ -470,17 +493,3 @@ def _explain(plan: Plan, pred: Prediction, idle: dict[str, int], coverage: str) 
                      "faster under the cost model (they would lengthen gradient sync or could not take a "
                      "balanced share of the batch)")
     return lines
-
-
-def _raise_infeasible(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                      classes: list[ResourceClass], cost: CostModel, timed_out: bool) -> None:
-    if timed_out:
-        raise HetplanError("time_limit", "the time limit ran out before any plan was found; raise --time-limit")
-    from planner.costmodel import stage as st
-
-    need = model.params_count() * st.bytes_per_param(training.zero, 1)
-    pool = sum(st.memory_capacity_bytes(cost.knobs, rc.dev) * rc.gpus for rc in classes)
-    largest = max(st.memory_capacity_bytes(cost.knobs, rc.dev) for rc in classes)
-    raise InfeasibleError("model", f"{model.name} fits nowhere on this cluster: its model states alone need "
-                          f"{need / 2**30:.1f} GiB (before activations), the pool offers {pool / 2**30:.1f} GiB "
-                          f"in all and at most {largest / 2**30:.1f} GiB per GPU")
