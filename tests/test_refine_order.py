@@ -40,11 +40,16 @@ class _StubPool:
         self.refine(beside or [], deadline)
 
 
+def _loop_context(*solved: SolvedUnit) -> SimpleNamespace:
+    """What `unit_loop.refine` reads of a search: a best plan of 1 s and these solved units."""
+    return SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=list(solved), bounds=[],
+                           explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(), history=[],
+                           timeline={"start": 0.0})
+
+
 def _refine_alone(lo: int, hi: int) -> list[tuple]:
     unit = Unit(b=2, provider=None, lo=lo, hi=hi, microbatches=64)
-    ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[SolvedUnit(0.9, unit, [])],
-                          bounds=[], explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(),
-                          history=[], timeline={"start": 0.0})
+    ctx = _loop_context(SolvedUnit(0.9, unit, []))
     pool = _StubPool(ctx)
     unit_loop.refine(ctx, 0.015, None, pool)
     return pool.log
@@ -151,9 +156,7 @@ def test_a_lift_runs_beside_the_refinement_that_would_come_next() -> None:
     the other unit is refined once)."""
     stuck = SolvedUnit(0.80, Unit(b=2, provider=None, lo=4, hi=4, microbatches=64), [], ratio=REFINE_RATIOS[-1])
     fresh = SolvedUnit(0.85, Unit(b=2, provider=None, lo=5, hi=5, microbatches=64), [])
-    ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[fresh, stuck], bounds=[],
-                          explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(), history=[],
-                          timeline={"start": 0.0})
+    ctx = _loop_context(fresh, stuck)
     pool = _StubPool(ctx)
     unit_loop.refine(ctx, 0.015, None, pool)
     assert pool.lifts == [([4], [5])]
@@ -187,9 +190,7 @@ def test_a_unit_stuck_at_the_lowest_bound_is_lifted_before_those_tied_with_it() 
     first (the other's refinement beside it); before, the other was refined through every ratio."""
     stuck = SolvedUnit(0.80, Unit(b=2, provider=None, lo=4, hi=4, microbatches=64), [], ratio=REFINE_RATIOS[-1])
     tied = SolvedUnit(0.80, Unit(b=2, provider=None, lo=5, hi=5, microbatches=64), [])
-    ctx = SimpleNamespace(candidates=[SimpleNamespace(step_s=1.0)], solved=[tied, stuck], bounds=[],
-                          explored={"units_split": 0, "units_refined": 0}, unsolved_sizes=set(), history=[],
-                          timeline={"start": 0.0})
+    ctx = _loop_context(tied, stuck)
     pool = _StubPool(ctx)
     unit_loop.refine(ctx, 0.015, None, pool)
     assert pool.lifts[0] == ([4], [5])
