@@ -66,16 +66,18 @@ def test_out_directory_is_not_overwritten_without_force(tmp_path: Path, capsys: 
 
 @pytest.mark.parametrize("args, field", [
     (["--recompute", "sometimes"], "--recompute"),
-    (["--solver", "gurobi"], "solver"),
+    (["--solver", "gurobi"], "--solver"),
     (["--micro-batches", "3"], "global_batch"),
-    (["--polish", "sometimes"], "polish"),
-    (["--chains", "sometimes"], "chains"),
+    (["--polish", "sometimes"], "--polish"),
+    (["--chains", "sometimes"], "--chains"),
+    (["--target", "nemo"], "--target"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(args: list[str], field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """One line naming the option as typed (`--solver:`, not the API's `solver:`), exit 2."""
     base = ["plan", CLUSTER, "--model", "tiny", "--global-batch", "8"]
     code, out, err = run(capsys, *base, *args)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and field in err, err
+    assert err.count("\n") == 1 and f"{field}:" in err, err
 
 
 def test_plan_for_a_model_that_fits_nowhere_says_how_much_memory(tmp_path: Path,

@@ -134,6 +134,11 @@ def plan_command(
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of tables"),
 ) -> None:
     """Search the fastest plan (with a lower bound and its gap) and print or write it."""
+    _choice("--solver", solver, ("cpsat", "cbc", "highs"))
+    _choice("--polish", polish, ("auto", "always", "never"))
+    _choice("--chains", chains, ("auto", "always", "never"))
+    if target is not None:
+        _choice("--target", target, ("megatron", "flagscale", "torchtitan", "deepspeed", "slurm", "any"))
     spec = load_model(model, "--model")
     cluster = load_cluster(cluster_path)
     modes = tuple(m.strip() for m in recompute.split(",") if m.strip())
@@ -212,6 +217,13 @@ def plan_command(
             show(line)
     if written:
         show(f"wrote {written}")
+
+
+def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Reject a value outside `allowed`, naming the option as the user typed it (the API's own check
+    names its keyword argument)."""
+    if value not in allowed:
+        raise HetplanError(option, f"unknown value '{value}' ({', '.join(allowed)})")
 
 
 def register(app: typer.Typer) -> None:
