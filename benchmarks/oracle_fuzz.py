@@ -11,7 +11,8 @@ searched by default and, where its enumeration stays small, with the exact cover
 `check` lists what is wrong: a plan the validator rejects or whose step the evaluator does not
 reproduce, a plan faster than the oracle's optimum (the oracle would be wrong), a plan slower than
 it on the exact coverage, a bound above the optimum where the optimum's plan lies in the coverage
-(`in_coverage`), or a disagreement on whether any plan fits. The last line counts instances, problems,
+(`in_coverage`), a disagreement on whether any plan fits, or `fit_proof.fits_nowhere` proving
+that nothing fits where the oracle has a plan. The last line counts instances, problems,
 how often the default search returned the optimum itself, and its coverages.
 `tests/test_search_bruteforce.py` runs a few seeded draws.
 """
@@ -35,6 +36,9 @@ from planner.costmodel.base import device_class_of
 from planner.errors import InfeasibleError
 from planner.evaluate import evaluate
 from planner.search import search
+from planner.search.api import micro_batch_sizes
+from planner.search.fit_proof import fits_nowhere
+from planner.search.space import block_types, resource_classes, stage_shapes
 from planner.search.units import coverage_rank
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 from planner.validate import violations
@@ -115,6 +119,15 @@ class Outcome:
     optimum_s: float | None
     default_s: float | None  # the default search's step
     coverage: str | None  # the default search's coverage
+    proven: bool  # `fit_proof.fits_nowhere` showed that no plan fits
+
+
+def proves_nothing_fits(inst: Instance) -> bool:
+    """`fit_proof.fits_nowhere` on the instance, with the block types and shapes the search costs."""
+    classes = resource_classes(inst.cluster)
+    sets = {b: block_types({rc.index: stage_shapes(inst.model, inst.training, rc, b, inst.cluster.allow_cross_node_tp)
+                            for rc in classes}) for b in micro_batch_sizes(inst.training)}
+    return fits_nowhere(COST, inst.model, inst.training, classes, sets, inst.cluster.single_node)
 
 
 def check(inst: Instance) -> Outcome:
@@ -126,6 +139,9 @@ def check(inst: Instance) -> Outcome:
         broken = violations(plan, inst.cluster, COST)
         if broken or abs(evaluate(plan, inst.cluster, COST).step_s - found.step_s) > REL * found.step_s:
             problems.append(f"oracle plan invalid or mis-scored: {broken[:1]}")
+    proven = proves_nothing_fits(inst)
+    if proven and found is not None:
+        problems.append(f"the fit proof says no plan fits, but the oracle has {found.step_s:.6f} s")
     small = max(inst.cluster.num_gpus, inst.model.num_layer_slots) <= EXACT_FORCED
     modes = {"default": {}, **({"exact": dict(exact_limit=10**6, exact_max_layers=99)} if small else {})}
     default_s = coverage = None
@@ -154,7 +170,7 @@ def check(inst: Instance) -> Outcome:
                             f"({result.coverage})")
         if result.lower_bound_s > step * (1 + REL):
             problems.append(f"{mode}: bound {result.lower_bound_s:.9f} s above its own plan {step:.9f} s")
-    return Outcome(problems, None if found is None else found.step_s, default_s, coverage)
+    return Outcome(problems, None if found is None else found.step_s, default_s, coverage, proven)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     start = time.perf_counter()
-    done = bad = fit = optimal = 0
+    done = bad = fit = optimal = proven = 0
     coverages: Counter[str] = Counter()
     for k in range(args.count):
         if args.minutes is not None and time.perf_counter() - start > 60 * args.minutes:
@@ -174,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         out = check(inst)
         done += 1
         fit += out.optimum_s is not None
+        proven += out.proven
         coverages[out.coverage or "none"] += 1
         optimal += out.optimum_s is not None and out.default_s is not None \
             and out.default_s <= out.optimum_s * (1 + REL)
@@ -184,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {p}", flush=True)
     print(f"seed {args.seed}: {done} instances, {fit} with a plan, {bad} with problems; the default search "
           f"returned the optimum on {optimal} of {fit}; {time.perf_counter() - start:.0f} s")
+    print(f"the fit proof (planner.search.fit_proof) showed it for {proven} of the {done - fit} without a plan")
     print("default coverage: " + ", ".join(f"{name} {n}" for name, n in sorted(coverages.items())))
     return 1 if bad else 0
 

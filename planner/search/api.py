@@ -35,6 +35,7 @@ from planner.search.bounds import fluid_bound_s, fluid_work
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.history import Milestone, close, mark
+from planner.search.fit_proof import fits_nowhere
 from planner.search.no_plan import after_exact_fallback, raise_no_plan
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
@@ -253,6 +254,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     timed_out = False
     grid_s = chain_s = 0.0  # seconds spent on the Megatron-grid and the mesh-chain candidates
     unsolved_sizes: set[int] = set()
+    shape_sets: dict[int, dict] = {}
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
                 "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
     providers: list = []
@@ -268,6 +270,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                                       stage_shapes(model, training, rc, b, cluster.allow_cross_node_tp), b)
                   for rc in classes}
         types = block_types(shapes)
+        shape_sets[b] = types  # for the no-plan proof (`fit_proof`)
         if not types:
             continue
         type_list = list(types)
@@ -358,7 +361,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             timed_out = True
         raise_no_plan(model, training, classes, cost, timed_out,
                       None if coverages <= {"exact"} else min(coverages, key=coverage_rank),
-                      chains != "never" and "exact" not in coverages)
+                      chains != "never" and "exact" not in coverages,
+                      lambda: fits_nowhere(cost, model, training, classes, shape_sets, cluster.single_node))
     candidates.sort(key=lambda c: (c.step_s, c.micro_batch, c.plan.num_gpus))
     best = candidates[0]
     for b in sorted(unsolved_sizes):

@@ -4,6 +4,7 @@ exact coverage, where that found one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -19,11 +20,12 @@ if TYPE_CHECKING:
 
 
 def raise_no_plan(model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass], cost: CostModel,
-                  timed_out: bool, coverage: str | None, chains: bool) -> None:
+                  timed_out: bool, coverage: str | None, chains: bool, proof: Callable[[], bool]) -> None:
     """No plan: the time limit, or the model fits nowhere, or (`coverage`, the narrowest one
     searched where not every plan was; `chains`: the mesh chains were searched too) none of the
     searched space fits: then the pool's memory may still hold a plan outside it, and the message
-    says so rather than "fits nowhere"."""
+    says so rather than "fits nowhere", unless `proof` (`fit_proof.fits_nowhere`) shows that no
+    pipeline of any shape or order fits."""
     if timed_out:
         raise HetplanError("time_limit", "the time limit ran out before any plan was found; raise --time-limit")
     need = model.params_count() * st.bytes_per_param(training.zero, 1)
@@ -33,6 +35,11 @@ def raise_no_plan(model: ModelSpec, training: TrainingSpec, classes: list[Resour
              f"{pool / 2**30:.1f} GiB in all and at most {largest / 2**30:.1f} GiB per GPU")
     if coverage is None or need > pool:
         raise InfeasibleError("model", f"{model.name} fits nowhere on this cluster: {sizes}")
+    if proof():
+        raise InfeasibleError("model", f"{model.name} fits nowhere on this cluster: at no microbatch size does "
+                              f"any pipeline of its GPUs (any stage groups, shapes and order) hold all "
+                              f"{model.num_layer_slots} layer slots within memory, neither one running every "
+                              f"microbatch nor two at one microbatch each; {sizes}")
     space = f"{coverage} pipelines" + (" and every FlagScale mesh chain" if chains else "")
     raise InfeasibleError("model", f"no plan of the searched space ({space}) fits {model.name} on this cluster: "
                           f"{sizes}; pipelines outside it, e.g. ones that return to a GPU type (A -> B -> A), "

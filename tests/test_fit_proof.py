@@ -1,0 +1,83 @@
+"""The proof that no plan fits (`planner.search.fit_proof`): its dynamic program against brute
+force, and the error it gives a pool whose searched space holds no plan."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from planner.costmodel.analytic import AnalyticCostModel
+from planner.errors import InfeasibleError
+from planner.search import search
+from planner.search.fit_proof import pipeline_usages, two_fit
+from planner.search.space import BlockType
+from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
+from planner.specs.models import get_model
+
+
+def _usages_brute(limits: dict[BlockType, np.ndarray], avail: tuple[int, ...], micro: int) -> set[tuple[int, ...]]:
+    """Every usage of a stage sequence covering all slots, by enumerating cut points and types."""
+    n = next(iter(limits.values())).shape[0] - 1
+    out: set[tuple[int, ...]] = set()
+    types = list(limits)
+    for stages in range(1, n + 1):
+        for cuts in itertools.combinations(range(1, n), stages - 1):
+            bounds = (0, *cuts, n)
+            for seq in itertools.product(types, repeat=stages):
+                used = [0] * len(avail)
+                ok = True
+                for s, bt in enumerate(seq):
+                    used[bt.cls] += bt.gpus
+                    flight = min(stages - s, micro)
+                    if limits[bt][bounds[s], bounds[s + 1]] < flight:
+                        ok = False
+                        break
+                if ok and all(u <= a for u, a in zip(used, avail)):
+                    out.add(tuple(used))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pipeline_usages_match_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 5)
+    avail = (rng.randint(1, 4), rng.randint(0, 3))
+    types = [BlockType(0, 1), BlockType(0, 2), BlockType(1, 1)]
+    limits = {}
+    for bt in types:
+        lim = np.zeros((n + 1, n + 1))
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                lim[i, j] = max(0, rng.randint(-1, 4) - (j - i) + 1)  # longer ranges hold fewer
+        limits[bt] = lim
+    micro = rng.randint(1, 4)
+    grid = pipeline_usages(limits, avail, micro)
+    assert {tuple(int(x) for x in u) for u in np.argwhere(grid)} == _usages_brute(limits, avail, micro)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_two_fit_matches_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    avail = (3, 2, 2)
+    usages = rng.random(tuple(a + 1 for a in avail)) < 0.08
+    points = [tuple(p) for p in np.argwhere(usages)]
+    expect = any(all(a + b <= c for a, b, c in zip(p, q, avail)) for p in points for q in points)
+    assert two_fit(usages, avail) == expect
+
+
+def test_no_plan_anywhere_is_said_to_fit_nowhere() -> None:
+    """OPT-30B at 8k tokens on 29 GPUs of four types (`many_types.py --seed 4` pool 9): the model
+    states fit the pool's memory, no plan of the searched space fits, and the proof shows that no
+    pipeline of any order does (the error said before that pipelines outside the space were not
+    searched)."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=1),
+                                 NodeGroup(gpu="T4", nodes=2, gpus_per_node=8),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=1, gpus_per_node=8),
+                                 NodeGroup(gpu="A100-SXM4-40GB", nodes=3, gpus_per_node=1)])
+    training = TrainingSpec(global_batch=16, seq_len=8192)
+    with pytest.raises(InfeasibleError, match="fits nowhere.*50 layer slots") as err:
+        search(get_model("opt-30b"), cluster, training, cost=AnalyticCostModel(), workers=1)
+    assert "not searched" not in str(err.value)
