@@ -188,8 +188,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     used. Where nothing of the blocks coverage (nor a mesh chain, below) fits a model of at most
     `exact_max_layers` slots, the search runs again on the exact coverage up to
     `EXACT_FALLBACK_LIMIT` sequences (a pipeline that returns to a GPU type, A -> B -> A, may be the
-    only plan); the model is said to fit nowhere only where the exact coverage or the pool's memory
-    shows it, else the error names the space searched (`no_plan`).
+    only plan); the model is said to fit nowhere only where the exact coverage, the pool's memory or
+    `fit_proof` (small pools, any pipeline order) shows it, else the error names the space searched.
 
     On the blocks coverage, once the best plan is known, the lowest unit bounds are tightened
     (tail-capped split frontiers for the skeletons the LP bound leans on, `units.refine_unit`, then
