@@ -17,6 +17,7 @@ from planner.cli.evaluate_cmd import KNOBS_OPT, PROFILES_OPT, _stage_rows, load_
 from planner.cli.output import err_console, key_values, print_json, show, table, warn
 from planner.errors import HetplanError
 from planner.search import SearchResult, search
+from planner.search.api import check_choice
 from planner.search.history import plan_found
 from planner.specs.cluster import ClusterSpec, load_cluster
 from planner.specs.models import load_model
@@ -134,11 +135,8 @@ def plan_command(
     json_out: bool = typer.Option(False, "--json", help="print JSON on stdout instead of tables"),
 ) -> None:
     """Search the fastest plan (with a lower bound and its gap) and print or write it."""
-    _choice("--solver", solver, ("cpsat", "cbc", "highs"))
-    _choice("--polish", polish, ("auto", "always", "never"))
-    _choice("--chains", chains, ("auto", "always", "never"))
-    if target is not None:
-        _choice("--target", target, ("megatron", "flagscale", "torchtitan", "deepspeed", "slurm", "any"))
+    for keyword, value in (("solver", solver), ("polish", polish), ("chains", chains), ("target", target)):
+        check_choice(keyword, value, f"--{keyword}")  # the API's own check names its keyword
     spec = load_model(model, "--model")
     cluster = load_cluster(cluster_path)
     modes = tuple(m.strip() for m in recompute.split(",") if m.strip())
@@ -217,13 +215,6 @@ def plan_command(
             show(line)
     if written:
         show(f"wrote {written}")
-
-
-def _choice(option: str, value: str, allowed: tuple[str, ...]) -> None:
-    """Reject a value outside `allowed`, naming the option as the user typed it (the API's own check
-    names its keyword argument)."""
-    if value not in allowed:
-        raise HetplanError(option, f"unknown value '{value}' ({', '.join(allowed)})")
 
 
 def register(app: typer.Typer) -> None:

@@ -50,10 +50,18 @@ from solvers.assign import SolverStats
 
 
 TIMING_STATS = ("search_s", "megatron_grid_s", "chain_s")  # wall-clock entries of `SearchResult.stats`
-# where no plan of the blocks coverage fits a model of at most `exact_max_layers` slots, the search
-# runs again on the exact coverage up to this many ordered group sequences per microbatch size
-# (0.1-0.5 s on the 6-8 GPU pools of `benchmarks/oracle_fuzz.py`) before it says no plan fits
+# where nothing of the blocks coverage fits a model of at most `exact_max_layers` slots, the search runs
+# again on the exact coverage up to this many group sequences per microbatch size (0.1-0.5 s on 6-8 GPUs)
 EXACT_FALLBACK_LIMIT = 5000
+GRID_TARGETS = ("megatron", "flagscale", "torchtitan", "deepspeed")  # engines a search can be restricted to
+CHOICES = {"solver": ("cpsat", "cbc", "highs"), "polish": ("auto", "always", "never"),
+           "chains": ("auto", "always", "never"), "target": (*GRID_TARGETS, "slurm", "any")}
+
+
+def check_choice(keyword: str, value: str | None, field: str | None = None) -> None:
+    """Refuse a value of `keyword` outside `CHOICES` (None: its default), naming `field` (the CLI's option)."""
+    if value is not None and value not in CHOICES[keyword]:
+        raise HetplanError(field or keyword, f"unknown value '{value}' ({', '.join(CHOICES[keyword])})")
 
 
 @dataclass
@@ -225,19 +233,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     "any" take the full search."""
     start = time.perf_counter()
     cost = cost or AnalyticCostModel()
-    if polish not in ("auto", "always", "never"):
-        raise HetplanError("polish", f"unknown mode '{polish}' (auto, always, never)")
-    if chains not in ("auto", "always", "never"):
-        raise HetplanError("chains", f"unknown mode '{chains}' (auto, always, never)")
-    if target in ("megatron", "flagscale", "torchtitan", "deepspeed"):
+    for keyword, value in (("polish", polish), ("chains", chains), ("target", target), ("solver", solver)):
+        check_choice(keyword, value)
+    if target in GRID_TARGETS:
         return _grid_search(model, cluster, training, cost, start, target)
-    if target not in (None, "any", "slurm"):
-        raise HetplanError("target", f"unknown target '{target}' (megatron, flagscale, torchtitan, deepspeed, "
-                           "slurm, any)")
     if max_blocks not in (1, 2, 3):
         raise HetplanError("max_blocks", f"{max_blocks} runs per pipeline: 1, 2 or 3 are searched")
-    if solver not in ("cpsat", "cbc", "highs"):
-        raise HetplanError("solver", f"unknown solver '{solver}' (cpsat, cbc, highs)")
     if training.schedule != "1f1b":
         raise HetplanError("training.schedule", "the search plans 1F1B schedules; GPipe plans can be "
                            "evaluated and simulated but are not searched")

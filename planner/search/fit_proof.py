@@ -94,12 +94,14 @@ def fits_nowhere(cost: CostModel, model: ModelSpec, training: TrainingSpec, clas
         if not types:
             continue
         micro = training.global_batch // b
-        one = pipeline_usages(_limits(cost, model, training, classes, types, b, 1, single_node), avail, micro)
-        if one.any():
+        limits = _limits(cost, model, training, classes, types, b, 1, single_node)
+        if pipeline_usages(limits, avail, micro).any():
             return False  # one pipeline may fit
-        if micro > 1 and two_fit(pipeline_usages(_limits(cost, model, training, classes, types, b, most,
-                                                         single_node), avail, 1), avail):
-            return False  # two may
+        if micro > 1:
+            if training.zero:  # sharded states: less memory with more pipelines
+                limits = _limits(cost, model, training, classes, types, b, most, single_node)
+            if two_fit(pipeline_usages(limits, avail, 1), avail):
+                return False  # two may
     return True
 
 
