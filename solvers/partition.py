@@ -155,9 +155,11 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
 
 
 def least_step_split(positions: list[StageOptions], m: int, max_in_flight: int | None = None,
-                     max_points: int = 10_000) -> Split | None:
+                     max_points: int = 10_000, cutoff: float = INF) -> Split | None:
     """The split of least A + (m - 1)·C + E (ties: least C, then E, then ranges) among those
-    `split_frontier`'s walk lists, without walking all of it; None when none fits.
+    `split_frontier`'s walk lists, without walking all of it; None when none fits, or none is
+    below `cutoff` (a value known to be reached, e.g. by a split in hand: the walk then stops as
+    soon as its bounds reach the cutoff instead of the best split listed).
 
     The walk is `split_frontier`'s (tail caps e from above; at each, bottleneck caps c from above),
     cut short by bounds. Every split has C >= c_lo (the least largest F+B) and E >= e_lo (the least
@@ -178,6 +180,7 @@ def least_step_split(positions: list[StageOptions], m: int, max_in_flight: int |
     if e_lo is None or c_lo is None:
         return None
     best: tuple[tuple, Split] | None = None  # (value, C, E, ranges), split
+    bar = cutoff  # the value a split must beat: the cutoff, then the best split's
     e, listed = INF, 0
     while listed < max_points:
         level_low = INF  # least A + (m - 1)·C of every split this tail cap admits
@@ -187,16 +190,17 @@ def least_step_split(positions: list[StageOptions], m: int, max_in_flight: int |
             listed += 1
             value = sol.a_s + (m - 1) * sol.c_s + sol.e_s
             key = (value, sol.c_s, sol.e_s, sol.ranges)
-            if best is None or key < best[0]:
+            if value < cutoff and (best is None or key < best[0]):
                 best = (key, sol)
+                bar = value
             level_low = min(level_low, sol.a_s + (m - 1) * sol.c_s)
             largest_e = max(largest_e, sol.e_s)
             c = _below(sol.c_s)
             rest = sol.a_s + (m - 1) * c_lo  # what any split below this c costs at least
-            if rest + e_lo > best[0][0]:
+            if rest + e_lo > bar:
                 level_low = min(level_low, rest)
                 break
-        if largest_e == -INF or best is None or level_low + e_lo > best[0][0]:
+        if largest_e == -INF or level_low + e_lo > bar:
             break
         e = _below(largest_e)
     return None if best is None else best[1]

@@ -7,9 +7,8 @@ import pytest
 
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.search import search
-from planner.search.api import _costable
 from planner.search.bounds import fluid_bound_s, fluid_work, weighted_work_bound_s
-from planner.search.space import resource_classes, stage_shapes
+from planner.search.space import costable_shapes, resource_classes
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -47,7 +46,7 @@ def test_every_plan_the_search_returns_takes_at_least_the_weighted_bound() -> No
     for plan in [result.plan, *result.alternatives]:
         b = plan.micro_batch
         shapes = [(rc.index, s) for rc in classes
-                  for s in _costable(cost, model, training, rc, stage_shapes(model, training, rc, b), b)]
+                  for s in costable_shapes(cost, model, training, rc, b)]
         work = fluid_work(cost, model, training, classes, shapes, b)
         t_lo = weighted_work_bound_s(work, np.array([rc.gpus for rc in classes], dtype=float),
                                      training.global_batch // b)

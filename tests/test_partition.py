@@ -93,6 +93,13 @@ def test_least_step_split_is_the_best_of_every_split(seed: int) -> None:
             continue
         assert got is not None and value(got) == pytest.approx(min(map(value, every)), rel=1e-12)
         assert got == min(split_frontier(positions, flight), key=lambda p: (value(p), p.c_s, p.e_s, p.ranges))
+        # a cutoff: the same split where it is below, else None (nothing below the cutoff)
+        values = sorted({value(p) for p in every})
+        for cut in values[:3]:
+            below = least_step_split(positions, m, flight, cutoff=cut)
+            assert (below is None) == (cut <= value(got))
+            assert below is None or below == got
+        assert least_step_split(positions, m, flight, cutoff=value(got) * (1 + 1e-9)) == got
 
 
 def test_best_split_respects_caps() -> None:

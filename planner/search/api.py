@@ -28,18 +28,18 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 
 from planner.costmodel.analytic import AnalyticCostModel
-from planner.costmodel.base import CostModel, Shard
+from planner.costmodel.base import CostModel
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s, fluid_work
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
-from planner.search.history import Milestone, close, mark
 from planner.search.fit_proof import fits_nowhere
+from planner.search.history import Milestone, close, mark
 from planner.search.no_plan import after_exact_fallback, raise_no_plan
 from planner.search.parallel import UnitPool, prefetch_frontiers
 from planner.search.providers import BlocksProvider
-from planner.search.space import ResourceClass, block_types, resource_classes, stage_shapes
+from planner.search.space import ResourceClass, block_types, costable_shapes, resource_classes
 from planner.search.templates import count_sequences
 from planner.search.unit_loop import Progress, beyond_coverage, best_first, close_gap
 from planner.search.units import Candidate, Unit, UnitContext, coverage_rank, mixed_lengths, solve_unit
@@ -127,27 +127,11 @@ def micro_batch_sizes(training: TrainingSpec) -> list[int]:
     return [b for b in (1, 2, 4, 8, 16) if gb % b == 0]
 
 
-def _costable(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
-              shapes: list, micro_batch: int) -> list:
-    """Shapes the cost model can cost. A strict measured-profile model raises for points it has not
-    measured; those shapes are left out of the search rather than guessed."""
-    out = []
-    for shape in shapes:
-        try:
-            cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
-                                           shape.recompute, training.seq_len), model, training)
-        except HetplanError:
-            continue
-        out.append(shape)
-    return out
-
-
 def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
            micro_batch: int, cross_node: bool = False) -> float:
     """The fluid bound on the step (`bounds`) at this microbatch size, over every costable shape."""
     shapes = [(rc.index, shape) for rc in classes
-              for shape in _costable(cost, model, training, rc,
-                                     stage_shapes(model, training, rc, micro_batch, cross_node), micro_batch)]
+              for shape in costable_shapes(cost, model, training, rc, micro_batch, cross_node)]
     work = fluid_work(cost, model, training, classes, shapes, micro_batch)
     gpus = np.array([rc.gpus for rc in classes], dtype=float)
     return fluid_bound_s(work, gpus, training.global_batch // micro_batch) + cost.knobs.step_overhead_s
@@ -267,8 +251,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
             timed_out = True
             unsolved_sizes.add(b)
             continue
-        shapes = {rc.index: _costable(cost, model, training, rc,
-                                      stage_shapes(model, training, rc, b, cluster.allow_cross_node_tp), b)
+        shapes = {rc.index: costable_shapes(cost, model, training, rc, b, cluster.allow_cross_node_tp)
                   for rc in classes}
         types = block_types(shapes)
         shape_sets[b] = types  # for the no-plan proof (`fit_proof`)

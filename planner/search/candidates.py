@@ -100,14 +100,19 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     With no plan to beat (`cutoff_s` infinite: no plan of the coverage fits) every chain is
     searched, so that "fits nowhere" holds for them too: Llama-2 70B at 8,192 tokens on 206 GPUs of
     seven types has no plan of two-run pipelines, and its first chain that fits lies past the 128
-    most promising DPs (a 89.3 s step on 184 GPUs, 21 s of chain search)."""
+    most promising DPs (a 89.3 s step on 184 GPUs, 21 s of chain search).
+
+    The chain found is then re-split with every stage's shape free (`chain_resplit.resplit`: the
+    same stage device groups, FlagScale's one recompute mode and cp no longer imposed): that pool's
+    chain runs 69.6 s so."""
+    from planner.search.chain_resplit import resplit
     from planner.search.flagscale_grid import best_flagscale_plan
 
     if math.isinf(cutoff_s):  # no plan yet (`api.search`): every chain, as `--target flagscale`
-        return best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, grid=False)
+        return resplit(ctx, best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, grid=False))
     budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP
-    return best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s,
-                               max_dp=budget, grid=False)
+    return resplit(ctx, best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes,
+                                            cutoff_s=cutoff_s, max_dp=budget, grid=False))
 
 
 ENGINE_CANDIDATES = {"megatron_grid": megatron_grid_candidate, "chain": chain_candidate}

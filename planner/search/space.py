@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.costmodel.base import DeviceClass, device_class_of
+from planner.costmodel.base import CostModel, DeviceClass, Shard, device_class_of
+from planner.errors import HetplanError
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -117,6 +118,21 @@ def stage_shapes(model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
                     for rc_mode in training.recompute:
                         out.append(StageShape(tp, cp, hp, dp, rc_mode))
     return sorted(out)
+
+
+def costable_shapes(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
+                    micro_batch: int, cross_node: bool = False) -> list[StageShape]:
+    """`stage_shapes` the cost model can cost. A strict measured-profile model raises for points it
+    has not measured; those shapes are left out of the search rather than guessed."""
+    out = []
+    for shape in stage_shapes(model, training, rc, micro_batch, cross_node):
+        try:
+            cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
+                                           shape.recompute, training.seq_len), model, training)
+        except HetplanError:
+            continue
+        out.append(shape)
+    return out
 
 
 def block_types(shapes_by_class: dict[int, list[StageShape]]) -> dict[BlockType, list[StageShape]]:
