@@ -12,7 +12,7 @@ import pytest
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import InfeasibleError
 from planner.search import search
-from planner.search.fit_proof import pipeline_usages, two_fit
+from planner.search.fit_proof import fold_fits, pipeline_usages
 from planner.search.space import BlockType
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
@@ -58,14 +58,17 @@ def test_pipeline_usages_match_brute_force(seed: int) -> None:
     assert {tuple(int(x) for x in u) for u in np.argwhere(grid)} == _usages_brute(limits, avail, micro)
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_two_fit_matches_brute_force(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(12))
+def test_fold_fits_matches_brute_force(seed: int) -> None:
+    """`count` usages (repeats allowed) fit the pool together exactly when some choice of them does."""
     rng = np.random.default_rng(seed)
-    avail = (3, 2, 2)
-    usages = rng.random(tuple(a + 1 for a in avail)) < 0.08
-    points = [tuple(p) for p in np.argwhere(usages)]
-    expect = any(all(a + b <= c for a, b, c in zip(p, q, avail)) for p in points for q in points)
-    assert two_fit(usages, avail) == expect
+    avail = (3, 2, 2) if seed % 2 else (4, 3)
+    usages = rng.random(tuple(a + 1 for a in avail)) < (0.08 if seed % 2 else 0.15)
+    points = [tuple(int(x) for x in p) for p in np.argwhere(usages)]
+    for count in (2, 3):
+        expect = any(all(sum(p[k] for p in combo) <= a for k, a in enumerate(avail))
+                     for combo in itertools.combinations_with_replacement(points, count))
+        assert fold_fits(usages, avail, count) == expect
 
 
 def test_no_plan_anywhere_is_said_to_fit_nowhere() -> None:
@@ -80,4 +83,19 @@ def test_no_plan_anywhere_is_said_to_fit_nowhere() -> None:
     training = TrainingSpec(global_batch=16, seq_len=8192)
     with pytest.raises(InfeasibleError, match="fits nowhere.*50 layer slots") as err:
         search(get_model("opt-30b"), cluster, training, cost=AnalyticCostModel(), workers=1)
+    assert "not searched" not in str(err.value)
+
+
+def test_zero_sharding_is_taken_per_pipeline_count() -> None:
+    """Llama-2 70B at 64k tokens, ZeRO-1, global batch 16 on 4 L4 + 64 RTX-3090 + 8 V100-16GB
+    (`many_types.py --seed 20` pool 20): no plan fits. With optimizer states sharded over the most
+    pipelines (76) for every pipeline count, two pipelines fit and the error said only that no plan
+    of the searched space fits; sharded over at most 2 * lo - 1 pipelines when testing lo of
+    them, none fits at any count."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="L4", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="RTX-3090", nodes=16, gpus_per_node=4),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=2, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=16, seq_len=65536, zero=1)
+    with pytest.raises(InfeasibleError, match="fits nowhere") as err:
+        search(get_model("llama2-70b"), cluster, training, cost=AnalyticCostModel(), workers=2)
     assert "not searched" not in str(err.value)

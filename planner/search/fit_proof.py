@@ -7,11 +7,15 @@ in flight at its k-th stage from the end; a dynamic program from the last stage 
 (first slot covered, GPUs used of each class) finds every GPU usage with which some sequence of
 stage groups -- any shape, any order, A -> B -> A included -- covers the model's layer slots within
 memory (`pipeline_usages`). A plan of one pipeline runs all M = global batch / b microbatches on
-it; a plan of two or more has two pipelines on disjoint GPUs, each holding at least one microbatch.
+it; a plan of R >= 2 has R pipelines on disjoint GPUs, each holding at least one microbatch.
 So when, for every microbatch size, no usage fits at m = M and no two usages fit at one microbatch
-in flight within the pool, no plan fits. With ZeRO, optimizer states are costed sharded over one
-pipeline for the first test and over the most pipelines possible for the second (less memory than
-any such plan's).
+in flight within the pool, no plan fits. With ZeRO, optimizer states are sharded over the R
+pipelines, so less memory per GPU the more there are: R is taken in ranges [lo, 2·lo - 1] (up
+to M), each with states sharded over its largest R (less memory than any such plan's, so more
+usages fit), and none of the range's plans fits where no lo usages fit the pool together
+(`fold_fits`). Llama-2 70B at 64k tokens with ZeRO-1 on 76 GPUs (`many_types.py --seed 20` pool
+20) is shown to fit nowhere so; with the states sharded over 76 pipelines for every R, two
+usages did fit and the proof had failed.
 """
 
 from __future__ import annotations
@@ -73,13 +77,31 @@ def pipeline_usages(limits: dict[BlockType, np.ndarray], avail: tuple[int, ...],
     return found
 
 
-def two_fit(usages: np.ndarray, avail: tuple[int, ...]) -> bool:
-    """Whether two usages of the grid fit the pool together (u1 + u2 <= avail)."""
-    below = usages.copy()  # below[v]: some usage <= v
-    for axis in range(below.ndim):
-        below = np.logical_or.accumulate(below, axis=axis)
-    rest = below[tuple(slice(None, None, -1) for _ in avail)]  # rest[u]: some usage <= avail - u
-    return bool((usages & rest).any())
+def fold_fits(usages: np.ndarray, avail: tuple[int, ...], count: int) -> bool:
+    """Whether `count` usages of the grid (repeats allowed) fit the pool together (sum <= avail).
+
+    Works on upward closures: `reach[v]` says some sum of k usages is <= v. Adding one more usage
+    only needs the minimal usages (none other below them), each a shift of `reach`."""
+    reach = usages.copy()
+    for axis in range(reach.ndim):
+        reach = np.logical_or.accumulate(reach, axis=axis)
+    above_other = np.zeros_like(reach)  # v lies above some usage other than v
+    for axis in range(reach.ndim):
+        src = [slice(None)] * reach.ndim
+        dst = [slice(None)] * reach.ndim
+        src[axis], dst[axis] = slice(0, -1), slice(1, None)
+        above_other[tuple(dst)] |= reach[tuple(src)]
+    minimal = [tuple(int(x) for x in u) for u in np.argwhere(usages & ~above_other)]
+    for _ in range(count - 1):
+        if not reach.any():
+            return False
+        nxt = np.zeros_like(reach)
+        for u in minimal:
+            src = tuple(slice(0, a + 1 - x) for a, x in zip(avail, u))
+            dst = tuple(slice(x, a + 1) for a, x in zip(avail, u))
+            nxt[dst] |= reach[src]
+        reach = nxt
+    return bool(reach[avail])
 
 
 def fits_nowhere(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
@@ -89,7 +111,6 @@ def fits_nowhere(cost: CostModel, model: ModelSpec, training: TrainingSpec, clas
     avail = tuple(rc.gpus for rc in classes)
     if math.prod(a + 1 for a in avail) > MAX_CELLS:
         return False
-    most = max(1, sum(avail))
     for b, types in sorted(types_by_size.items()):
         if not types:
             continue
@@ -97,11 +118,17 @@ def fits_nowhere(cost: CostModel, model: ModelSpec, training: TrainingSpec, clas
         limits = _limits(cost, model, training, classes, types, b, 1, single_node)
         if pipeline_usages(limits, avail, micro).any():
             return False  # one pipeline may fit
-        if micro > 1:
-            if training.zero:  # sharded states: less memory with more pipelines
-                limits = _limits(cost, model, training, classes, types, b, most, single_node)
-            if two_fit(pipeline_usages(limits, avail, 1), avail):
-                return False  # two may
+        if not training.zero:  # memory does not depend on the pipeline count: any two of a plan fit
+            if micro > 1 and fold_fits(pipeline_usages(limits, avail, 1), avail, 2):
+                return False
+            continue
+        lo = 2
+        while lo <= min(micro, sum(avail)):
+            hi = min(2 * lo - 1, micro)
+            limits = _limits(cost, model, training, classes, types, b, hi, single_node)
+            if fold_fits(pipeline_usages(limits, avail, 1), avail, lo):
+                return False  # lo to hi pipelines may fit
+            lo = hi + 1
     return True
 
 
