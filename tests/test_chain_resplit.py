@@ -27,7 +27,7 @@ def _model(layers: int) -> ModelSpec:
                      num_kv_heads=8, vocab=32000, seq_len=8192)
 
 
-# (decoder layers, pool, training): chains whose one recompute mode costs 0.4-3 % (pools drawn
+# (decoder layers, pool, training): chains whose one recompute mode costs 0.1-3 % (pools drawn
 # at random where the re-split gained)
 CASES = [
     (3, [("RTX-4090", 2, 1), ("T4", 2, 2)],
