@@ -11,8 +11,8 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
 from planner.plan import Plan
-from planner.search.chain_resplit import resplit
-from planner.search.flagscale_grid import best_flagscale_plan
+from planner.search.chain_resplit import best_resplit, resplit
+from planner.search.flagscale_grid import best_flagscale_plan, flagscale_plans
 from planner.search.space import BlockType, block_types, costable_shapes, resource_classes
 from planner.search.units import UnitContext
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
@@ -90,3 +90,24 @@ def test_resplit_keeps_nothing_as_nothing() -> None:
     ctx = UnitContext(_model(2), TrainingSpec(global_batch=8, seq_len=4096), cluster, classes, COST, (1,), [], [], set(),
                       SolverStats(), {})
     assert resplit(ctx, None) is None
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_best_resplit_is_the_fastest_of_every_kept_chain_re_split(case: int) -> None:
+    """Every chain the search keeps is re-split where the chains compete (no cutoff here): the
+    answer is the fastest of all their re-splits, each pruned only by the fastest so far. Under a
+    cutoff no chain reaches, only the fastest chain is tried, and it comes back as it was."""
+    layers, pool, training = CASES[case]
+    model = _model(layers)
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu=g, nodes=k, gpus_per_node=w) for g, k, w in pool])
+    found, _ = flagscale_plans(model, cluster, training, COST, list(training.micro_batches))
+    chains = [f for f in found if f is not None]
+    assert len(chains) >= 2
+    classes = resource_classes(cluster)
+    ctx = UnitContext(model, training, cluster, classes, COST, tuple(rc.gpus for rc in classes), [], [], set(),
+                      SolverStats(), {})
+    each = min(resplit(ctx, f)[1].step_s for f in chains)
+    assert best_resplit(ctx, found)[1].step_s == pytest.approx(each, rel=1e-12)
+    fastest = min(chains, key=lambda f: f[1].step_s)
+    assert best_resplit(ctx, found, cutoff_s=0.5 * each) is fastest
+    assert best_resplit(ctx, [None]) is None

@@ -102,17 +102,20 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     seven types has no plan of two-run pipelines, and its first chain that fits lies past the 128
     most promising DPs (a 89.3 s step on 184 GPUs, 21 s of chain search).
 
-    The chain found is then re-split with every stage's shape free (`chain_resplit.resplit`: the
-    same stage device groups, FlagScale's one recompute mode and cp no longer imposed): that pool's
-    chain runs 69.6 s so."""
-    from planner.search.chain_resplit import resplit
-    from planner.search.flagscale_grid import best_flagscale_plan
+    The chains kept (the `flagscale_grid._KEEP` fastest found) are then re-split with every stage's
+    shape free (`chain_resplit.best_resplit`: the same stage device groups, FlagScale's one
+    recompute mode and cp no longer imposed, each against the best plan and the fastest so far):
+    that pool's chains run 67.4 s so (the fastest chain re-split: 69.6 s)."""
+    from planner.search.chain_resplit import best_resplit
+    from planner.search.flagscale_grid import flagscale_plans
 
     if math.isinf(cutoff_s):  # no plan yet (`api.search`): every chain, as `--target flagscale`
-        return resplit(ctx, best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, grid=False))
-    budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP
-    return resplit(ctx, best_flagscale_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes,
-                                            cutoff_s=cutoff_s, max_dp=budget, grid=False))
+        found, _ = flagscale_plans(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes)
+    else:
+        budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP
+        found, _ = flagscale_plans(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s,
+                                   max_dp=budget)
+    return best_resplit(ctx, found, cutoff_s)
 
 
 ENGINE_CANDIDATES = {"megatron_grid": megatron_grid_candidate, "chain": chain_candidate}

@@ -13,9 +13,17 @@ where it is faster, after the validator and the evaluator.
 Llama-2 70B at 8,192 tokens on 206 GPUs of seven types (`tests/test_beyond_coverage.py`): the
 best chain (selective recompute everywhere) ran 89.3 s per step; the re-split, with full recompute
 on the T4 and A100 stages so that they hold more layers and the L4 stages fewer, runs 69.6 s.
+
+The fastest chain is not always the one whose re-split is fastest, so where its re-split gains
+and beats the best plan, every chain the chain search kept (up to 8) is re-split
+(`best_resplit`), each against the fastest so far: that pool then runs 67.4 s. On the 16-64 GPU
+ladder pools the fastest chain's re-split gains nothing and it alone is re-split (0.08-0.15 s of
+one worker; all eight took 0.3-1.6 s there).
 """
 
 from __future__ import annotations
+
+import math
 
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
@@ -31,8 +39,38 @@ from solvers.partition import Split, StageOptions, least_step_split
 RESPLIT_MAX_DP = 256  # partition-DP runs per pipeline at most (the walk then keeps its best so far)
 
 
-def resplit(ctx: UnitContext, found: tuple[Plan, Prediction] | None) -> tuple[Plan, Prediction] | None:
-    """`found` re-split (module doc) where that is faster, else `found`."""
+def best_resplit(ctx: UnitContext, chains: list[tuple[Plan, Prediction] | None],
+                 cutoff_s: float = math.inf) -> tuple[Plan, Prediction] | None:
+    """The fastest of `chains` and their re-splits (`resplit`, each against the fastest so far
+    and `cutoff_s`), or None where there is none. The fastest chain is re-split; the others only
+    where that re-split is faster than the chain and than `cutoff_s` (free shapes pay on this pool,
+    and the chains compete with the best plan), chains of the same stage device groups once."""
+    ranked = sorted((f for f in chains if f is not None), key=lambda f: f[1].step_s)
+    if not ranked:
+        return None
+    best = resplit(ctx, ranked[0], cutoff_s)
+    seen = {_groups_key(ranked[0][0])}
+    if best is ranked[0] or best[1].step_s >= cutoff_s:
+        return best  # free shapes gained nothing on the fastest chain, or the chains do not compete
+    for found in ranked[1:]:
+        key = _groups_key(found[0])
+        if key in seen:
+            continue
+        seen.add(key)
+        if (better := resplit(ctx, found, best[1].step_s)) is not found:
+            best = better
+    return best
+
+
+def _groups_key(plan: Plan) -> tuple:
+    """What a re-split keeps of a plan: each pipeline's stage device groups and microbatches."""
+    return tuple((p.microbatches, tuple((s.gpu, s.num_gpus) for s in p.stages)) for p in plan.pipelines)
+
+
+def resplit(ctx: UnitContext, found: tuple[Plan, Prediction] | None,
+            cutoff_s: float = math.inf) -> tuple[Plan, Prediction] | None:
+    """`found` re-split (module doc) where that is faster than both `found` and `cutoff_s`,
+    else `found`."""
     if found is None:
         return None
     plan, pred = found
@@ -46,7 +84,7 @@ def resplit(ctx: UnitContext, found: tuple[Plan, Prediction] | None) -> tuple[Pl
     owner = _class_of_node(classes, cluster)
     # a pipeline's split must beat the plan's step less the fixed overhead (its own split is at
     # most that): where none does, that pipeline sets the step and the plan cannot improve
-    cutoff = pred.step_s - ctx.cost.knobs.step_overhead_s
+    cutoff = min(pred.step_s, cutoff_s) - ctx.cost.knobs.step_overhead_s
     solved: dict[tuple, Template | None] = {}  # identical pipelines (a chain's replicas): one DP
     chosen = []
     for pipe in plan.pipelines:
@@ -71,7 +109,7 @@ def resplit(ctx: UnitContext, found: tuple[Plan, Prediction] | None) -> tuple[Pl
         new_pred = evaluate(new, cluster, ctx.cost)
     except HetplanError:  # a rule the DP does not model: keep the chain as it was
         return found
-    return (new, new_pred) if new_pred.step_s < pred.step_s else found
+    return (new, new_pred) if new_pred.step_s < min(pred.step_s, cutoff_s) else found
 
 
 def _class_of_node(classes: list[ResourceClass], cluster: ClusterSpec) -> dict[str, int]:

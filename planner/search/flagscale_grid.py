@@ -263,6 +263,20 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
         return None
     if training.schedule != "1f1b":  # the run DP optimises 1F1B; other schedules get the Megatron grid
         return _checked([best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=cutoff_s)], cluster)
+    found, inexact = flagscale_plans(model, cluster, training, cost, sizes, cutoff_s, max_dp)
+    if grid and (inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp):
+        # groups across nodes are only in the Megatron grid: it stays a candidate
+        found.append(best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=cutoff_s))
+    return _checked(found, cluster)
+
+
+def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
+                    sizes: list[int], cutoff_s: float = math.inf, max_dp: int = _MAX_DP
+                    ) -> tuple[list[tuple[Plan, Prediction] | None], bool]:
+    """The chains `best_flagscale_plan` keeps (the `_KEEP` fastest found, fastest first), each
+    placed and evaluated (None where the validator refuses it), and whether a cap was hit (then
+    the best chain of the space may be missing). 1F1B only; FlagScale's emitter is not asked."""
+    classes = resource_classes(cluster)
     n_dec, single = model.num_layers, cluster.single_node
     overhead = cost.knobs.step_overhead_s
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
@@ -387,10 +401,7 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
                 record(_value(best, m) + overhead, (gi, flat, oi), order, best)
     found = [_evaluated(_place(model, training, cluster, classes, groups[tie[0]], order, split), cluster, cost)
              for _, tie, order, split in cands]
-    if grid and (inexact or not _classes_contiguous(cluster, classes) or cluster.allow_cross_node_tp):
-        # groups across nodes are only in the Megatron grid: it stays a candidate
-        found.append(best_megatron_plan(model, cluster, training, cost, sizes, cutoff_s=cutoff_s))
-    return _checked(found, cluster)
+    return found, inexact
 
 
 def _evaluated(plan: Plan, cluster: ClusterSpec, cost: CostModel) -> tuple[Plan, Prediction] | None:
