@@ -50,8 +50,8 @@ def best_resplit(ctx: UnitContext, chains: list[tuple[Plan, Prediction] | None],
         return None
     best = resplit(ctx, ranked[0], cutoff_s)
     seen = {_groups_key(ranked[0][0])}
-    if best is ranked[0] or best[1].step_s >= cutoff_s:
-        return best  # free shapes gained nothing on the fastest chain, or the chains do not compete
+    if best is ranked[0]:
+        return best  # no re-split below both the chain and the cutoff: the others are not tried
     for found in ranked[1:]:
         key = _groups_key(found[0])
         if key in seen:
