@@ -38,7 +38,7 @@ from planner.evaluate import evaluate
 from planner.search import search
 from planner.search.api import micro_batch_sizes
 from planner.search.fit_proof import fits_nowhere
-from planner.search.space import block_types, resource_classes, stage_shapes
+from planner.search.space import block_types, costable_shapes, resource_classes
 from planner.search.units import coverage_rank
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 from planner.validate import violations
@@ -125,7 +125,8 @@ class Outcome:
 def proves_nothing_fits(inst: Instance) -> bool:
     """`fit_proof.fits_nowhere` on the instance, with the block types and shapes the search costs."""
     classes = resource_classes(inst.cluster)
-    sets = {b: block_types({rc.index: stage_shapes(inst.model, inst.training, rc, b, inst.cluster.allow_cross_node_tp)
+    sets = {b: block_types({rc.index: costable_shapes(COST, inst.model, inst.training, rc, b,
+                                                      inst.cluster.allow_cross_node_tp)
                             for rc in classes}) for b in micro_batch_sizes(inst.training)}
     return fits_nowhere(COST, inst.model, inst.training, classes, sets, inst.cluster.single_node)
 
