@@ -26,7 +26,7 @@ if __package__ in (None, ""):
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import HetplanError
 from planner.search import api
-from planner.search.api import _outside_coverage
+from planner.search.explain import outside_coverage
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
 
@@ -52,7 +52,7 @@ def bound_holds(res: api.SearchResult, others: list[api.SearchResult]) -> bool:
     """No plan of `others` inside `res`'s coverage is faster than the coverage's bound."""
     covered = res.coverage_bound_s if res.coverage_bound_s is not None else res.lower_bound_s
     return all(o.prediction.step_s >= covered * (1 - 1e-9) for o in others
-               if not _outside_coverage(o.plan, res.coverage))
+               if not outside_coverage(o.plan, res.coverage))
 
 
 def main() -> None:

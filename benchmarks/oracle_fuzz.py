@@ -7,10 +7,11 @@ with 1-2 decoder layers, up to 4 GPUs with up to 8 layers, or up to 6 GPUs with 
 global batches 1-8, several microbatch sizes (or the search's default ones); random limits on
 tp / cp / head / stage-dp degrees, recompute modes and ZeRO stages; widths 256-8,192 and
 512-8,192 tokens (some draws fit nowhere); a fifth of the pools let groups span nodes. Each is
-searched by default and, where its enumeration stays small, with the exact coverage forced, and
-`check` lists what is wrong: a plan the validator rejects or whose step the evaluator does not
+searched by default, on the blocks coverage with a stop gap (`STOP_GAP`) and, where its
+enumeration stays small, with the exact coverage forced, and `check` lists what is wrong: a plan the validator rejects or whose step the evaluator does not
 reproduce, a plan faster than the oracle's optimum (the oracle would be wrong), a plan slower than
-it on the exact coverage, a bound above the optimum where the optimum's plan lies in the coverage
+it on the exact coverage, a stop-gap plan more than `STOP_GAP` slower than an optimum its
+coverage holds, a bound above the optimum where the optimum's plan lies in the coverage
 (`in_coverage`), a disagreement on whether any plan fits, or `fit_proof.fits_nowhere` proving
 that nothing fits where the oracle has a plan. The last line counts instances, problems,
 how often the default search returned the optimum itself, and its coverages.
@@ -47,6 +48,7 @@ GPUS = ("A100-SXM4-40GB", "A100-SXM4-80GB", "V100-SXM2-16GB", "V100-SXM2-32GB", 
         "RTX-2080Ti")
 SIZES = ((8, 2), (4, 8), (6, 4))  # (most GPUs, most decoder layers): the oracle's enumeration stays small
 EXACT_FORCED = 5  # force the exact coverage where GPUs and layer slots are both at most this
+STOP_GAP = 0.05  # the "stop" mode's `search(stop_gap=...)`, on the blocks coverage (exact_limit=0)
 REL = 1e-9
 COST = AnalyticCostModel()
 
@@ -144,7 +146,8 @@ def check(inst: Instance) -> Outcome:
     if proven and found is not None:
         problems.append(f"the fit proof says no plan fits, but the oracle has {found.step_s:.6f} s")
     small = max(inst.cluster.num_gpus, inst.model.num_layer_slots) <= EXACT_FORCED
-    modes = {"default": {}, **({"exact": dict(exact_limit=10**6, exact_max_layers=99)} if small else {})}
+    modes = {"default": {}, "stop": dict(exact_limit=0, stop_gap=STOP_GAP),
+             **({"exact": dict(exact_limit=10**6, exact_max_layers=99)} if small else {})}
     default_s = coverage = None
     for mode, kw in modes.items():
         try:
@@ -166,8 +169,12 @@ def check(inst: Instance) -> Outcome:
             problems.append(f"{mode}: {step:.9f} s beats the oracle's {found.step_s:.9f} s")
         if result.coverage == "exact" and step > found.step_s * (1 + REL):
             problems.append(f"{mode}: exact coverage but {step:.9f} s against the optimum {found.step_s:.9f} s")
-        if in_coverage(found, result.coverage, inst.cluster) and result.lower_bound_s > found.step_s * (1 + REL):
+        held = in_coverage(found, result.coverage, inst.cluster)
+        if held and result.lower_bound_s > found.step_s * (1 + REL):
             problems.append(f"{mode}: bound {result.lower_bound_s:.9f} s above the optimum {found.step_s:.9f} s "
+                            f"({result.coverage})")
+        if mode == "stop" and held and step > found.step_s * (1 + STOP_GAP) * (1 + REL):
+            problems.append(f"stop: {step:.9f} s, more than {STOP_GAP:.0%} above the optimum {found.step_s:.9f} s "
                             f"({result.coverage})")
         if result.lower_bound_s > step * (1 + REL):
             problems.append(f"{mode}: bound {result.lower_bound_s:.9f} s above its own plan {step:.9f} s")

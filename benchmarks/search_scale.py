@@ -2,7 +2,7 @@
 
     python benchmarks/search_scale.py [--model llama2-13b] [--time-limit 120] [--min-gpus 8] [--max-gpus 256]
                                       [--hard-timeout S] [--workers N] [--target megatron|flagscale|...]
-                                      [--chains auto|always|never]
+                                      [--chains auto|always|never] [--stop-gap G]
                                       [--csv out.csv] [--markdown]
 
 Pools mix three GPU types up to 64 GPUs (A100-80, H100, V100-32 in proportions 3:2:2) and four above
@@ -11,7 +11,8 @@ global batch grows with the pool (4 sequences per GPU, at least 256). Each rung 
 process: `--time-limit` is passed to the search, which checks it between units of work, and
 `--hard-timeout` (default 3x the limit + 60 s) kills a rung whose single unit overruns, reported as
 such rather than hidden. "of it grid s" and "of it chains s" are the parts of the search time spent
-on the Megatron-grid and the mesh-chain candidates (`planner.search.candidates`).
+on the Megatron-grid and the mesh-chain candidates (`planner.search.candidates`). `--stop-gap G`
+passes `stop_gap` to the search: each rung ends once its gap is at most G (0.02: the issue's 2 %).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def ladder_cluster(gpus: int) -> ClusterSpec:
 
 
 def run_rung(gpus: int, model_name: str, seq_len: int | None, time_limit: float, workers: int = 1,
-             target: str | None = None, chains: str = "auto") -> dict:
+             target: str | None = None, chains: str = "auto", stop_gap: float | None = None) -> dict:
     model = get_model(model_name)
     cluster = ladder_cluster(gpus)
     training = TrainingSpec(global_batch=max(256, 4 * gpus), seq_len=seq_len or model.seq_len)
@@ -74,7 +75,7 @@ def run_rung(gpus: int, model_name: str, seq_len: int | None, time_limit: float,
     start = time.perf_counter()
     try:
         res = search(model, cluster, training, cost=AnalyticCostModel(), time_limit=time_limit, workers=workers,
-                     target=target, chains=chains)
+                     target=target, chains=chains, stop_gap=stop_gap)
     except HetplanError as exc:
         return {**row, "search_s": time.perf_counter() - start, "status": f"error: {exc}"}
     return {**row, "search_s": res.stats.get("search_s", time.perf_counter() - start),
@@ -88,11 +89,13 @@ def _child(queue: mp.Queue, args: tuple) -> None:
 
 
 def run_isolated(gpus: int, model_name: str, seq_len: int | None, time_limit: float, hard_s: float,
-                 workers: int = 1, target: str | None = None, chains: str = "auto") -> dict:
+                 workers: int = 1, target: str | None = None, chains: str = "auto",
+                 stop_gap: float | None = None) -> dict:
     """One rung in a child process, killed after `hard_s` seconds (its own child, by handle)."""
     ctx = mp.get_context("fork")
     queue: mp.Queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(queue, (gpus, model_name, seq_len, time_limit, workers, target, chains)))
+    proc = ctx.Process(target=_child, args=(queue, (gpus, model_name, seq_len, time_limit, workers, target, chains,
+                                                                  stop_gap)))
     start = time.perf_counter()
     proc.start()
     proc.join(hard_s)
@@ -138,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=None, help="search only plans this engine runs (megatron, flagscale, ...)")
     ap.add_argument("--chains", default="auto", choices=("auto", "always", "never"),
                     help="the search's mesh-chain candidate (planner.search.candidates)")
+    ap.add_argument("--stop-gap", type=float, default=None, help="the search's stop_gap (end once the gap is this)")
     ap.add_argument("--csv", type=Path, default=None)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
@@ -145,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for gpus in (g for g in LADDER if args.min_gpus <= g <= args.max_gpus):
         row = run_isolated(gpus, args.model, args.seq_len, args.time_limit, hard, args.workers, args.target,
-                           args.chains)
+                           args.chains, args.stop_gap)
         rows.append(row)
         print(f"# {gpus} GPUs done: {row.get('status')} in {row.get('search_s', 0):.1f} s", file=sys.stderr, flush=True)
     target = f", target {args.target}" if args.target else ""
     target += f", chains {args.chains}" if args.chains != "auto" else ""
+    target += f", stop gap {args.stop_gap:g}" if args.stop_gap is not None else ""
     print(f"model {args.model}, time limit {args.time_limit:g} s, analytic cost model, workers {args.workers}{target}")
     print("\n".join(table_lines(rows, args.markdown)))
     if args.csv:

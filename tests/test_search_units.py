@@ -268,11 +268,11 @@ def test_three_run_pipelines_are_searched_on_small_pools() -> None:
     gpus = [[s.gpu for s in p.stages] for p in three.plan.pipelines]
     assert any(len({g: None for g in stages}) == 3 for stages in gpus)
     # within blocks<=3 the explanation has nothing to flag; against a two-run bound it would
-    from planner.search.api import _outside_coverage
+    from planner.search.explain import outside_coverage
 
     assert not any("runs of stage groups" in line for line in three.explanation)
-    assert _outside_coverage(three.plan, "blocks<=3") == []
-    assert len(_outside_coverage(three.plan, "blocks<=2")) == len(three.plan.pipelines) == 1
+    assert outside_coverage(three.plan, "blocks<=3") == []
+    assert len(outside_coverage(three.plan, "blocks<=2")) == len(three.plan.pipelines) == 1
 
 
 def test_pipelines_longer_than_the_mixed_limit_lie_outside_the_coverage() -> None:
@@ -280,17 +280,17 @@ def test_pipelines_longer_than_the_mixed_limit_lie_outside_the_coverage() -> Non
     space (a Megatron grid may hold one); homogeneous ones of any length are."""
     from types import SimpleNamespace
 
-    from planner.search.api import _outside_coverage
+    from planner.search.explain import outside_coverage
 
     def plan(*pipelines: list[tuple[str, int]]) -> SimpleNamespace:
         return SimpleNamespace(pipelines=[SimpleNamespace(stages=[SimpleNamespace(gpu=g, num_gpus=n) for g, n in p])
                                           for p in pipelines])
 
     mixed = [("A100", 2)] * 3 + [("H100", 2)] * 2
-    assert _outside_coverage(plan(mixed), "blocks<=2,mixed<=5") == []
-    assert len(_outside_coverage(plan(mixed), "blocks<=2,mixed<=4")) == 1
-    assert _outside_coverage(plan([("A100", 2)] * 9), "blocks<=2,mixed<=4") == []
-    assert len(_outside_coverage(plan(mixed, mixed, [("A100", 1)] + mixed), "blocks<=2,mixed<=4")) == 3
+    assert outside_coverage(plan(mixed), "blocks<=2,mixed<=5") == []
+    assert len(outside_coverage(plan(mixed), "blocks<=2,mixed<=4")) == 1
+    assert outside_coverage(plan([("A100", 2)] * 9), "blocks<=2,mixed<=4") == []
+    assert len(outside_coverage(plan(mixed, mixed, [("A100", 1)] + mixed), "blocks<=2,mixed<=4")) == 3
 
 
 def test_capped_three_run_pipelines_are_plan_candidates_outside_the_bound() -> None:

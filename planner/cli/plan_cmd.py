@@ -113,6 +113,10 @@ def plan_command(
     refine_gap: float = typer.Option(0.015, "--refine-gap", min=0.0,
                                      help="large pools: tighten the bound until the gap is at most this "
                                           "(0.015 = 1.5 %)"),
+    stop_gap: float | None = typer.Option(None, "--stop-gap", min=0.0,
+                                          help="large pools: stop once the gap is at most this (0.02 = 2 %), "
+                                               "skipping the polish and further refinement; "
+                                               "faster, the plan may be up to that much slower"),
     polish: str = typer.Option("auto", "--polish",
                                help="re-solve the best units' plans with tail-capped stage options: auto (the two "
                                     "lowest-bound units; four when the gap misses --refine-gap or tails are 5 % of "
@@ -153,7 +157,7 @@ def plan_command(
     if json_out or not sys.stderr.isatty():  # a progress bar only for a person at a terminal
         result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                         max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
-                        polish=polish, chains=chains)
+                        polish=polish, chains=chains, stop_gap=stop_gap)
     else:
         from rich.progress import Progress
 
@@ -161,7 +165,7 @@ def plan_command(
             task = bar.add_task("searching", total=1.0)
             result = search(spec, cluster, training, cost=cost, time_limit=time_limit, solver=solver,
                             max_blocks=max_blocks, target=target, workers=workers, refine_gap=refine_gap,
-                            polish=polish, chains=chains,
+                            polish=polish, chains=chains, stop_gap=stop_gap,
                             progress=lambda f, msg: bar.update(task, completed=f, description=msg))
     if profiles is not None:  # say which numbers of the chosen plan were modelled, not measured
         from planner.evaluate import evaluate

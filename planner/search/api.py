@@ -34,6 +34,7 @@ from planner.plan import Plan, Prediction
 from planner.search.bounds import fluid_bound_s, fluid_work
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
+from planner.search.explain import alternatives_of, explain, outside_coverage
 from planner.search.fit_proof import fits_nowhere
 from planner.search.history import Milestone, close, mark
 from planner.search.no_plan import after_exact_fallback, raise_no_plan
@@ -164,7 +165,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
            exact_limit: int = 200, exact_max_layers: int = 12, mixed_limit: int = 2000, triple_limit: int = 400,
            top_k: int = 3, refine_gap: float | None = 0.015, workers: int = 1,
            progress: Progress | None = None, target: str | None = None, polish: str = "auto",
-           chains: str = "auto") -> SearchResult:
+           chains: str = "auto", stop_gap: float | None = None) -> SearchResult:
     """Best plan, its prediction, a lower bound valid for the searched space, and alternatives.
 
     Coverage per microbatch size: "exact" when the model has at most `exact_max_layers` slots and
@@ -207,6 +208,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     "auto" runs them on pools of at most 64 GPUs with more GPU classes than the coverage's runs,
     whose coverage caps mixed pipelines, or whose gap refinement left above `refine_gap`.
 
+    `stop_gap` (None: off) ends the blocks coverage's search once the best plan is within that
+    relative gap of the lower bound, as a MIP solver's gap limit does: units whose cheap bound is
+    within it of the best plan are only bounded, and once the gap is met the polish, refinement
+    and the mesh chains run only to close the gap are skipped (the Megatron grid, and the chains
+    run for pipelines the coverage leaves out, still run: `unit_loop.close_gap`); the result's
+    `stats["stopped_at_gap"]` and explanation say when it stopped early.
+
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that
     many (`parallel`); the batches do not depend on `workers`, so neither does the result.
@@ -219,6 +227,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     cost = cost or AnalyticCostModel()
     for keyword, value in (("polish", polish), ("chains", chains), ("target", target), ("solver", solver)):
         check_choice(keyword, value)
+    if stop_gap is not None and not stop_gap >= 0:
+        raise HetplanError("stop_gap", f"{stop_gap}: a relative gap, 0 or more (0.02 = 2 %)")
     if target in GRID_TARGETS:
         return _grid_search(model, cluster, training, cost, start, target)
     if max_blocks not in (1, 2, 3):
@@ -241,7 +251,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     unsolved_sizes: set[int] = set()
     shape_sets: dict[int, dict] = {}
     explored = {"skeletons": 0, "templates": 0, "templates_pruned": 0, "assignments": 0, "units_refined": 0,
-                "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0}
+                "units_split": 0, "units_lifted": 0, "units_polished": 0, "megatron_grid_added": 0, "chain_added": 0,
+                "stopped_at_gap": 0}
     providers: list = []
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats,
@@ -303,7 +314,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     else:
         prefetch_frontiers(providers, workers)
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
-            timed_out = best_first(pool, ctx, start, time_limit, progress) or timed_out
+            timed_out = best_first(pool, ctx, start, time_limit, progress, stop_gap) or timed_out
             deadline = None if time_limit is None else start + time_limit
             if candidates:
                 # where the chains run whatever the gap, they (and the grid) run before refinement,
@@ -316,7 +327,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                     return ["megatron_grid"] + (["chain"] if wants_chains(chains, coverages, classes, gap_open) else [])
 
                 mode = polish if polish == "always" or (polish == "auto" and refine_gap is not None) else None
-                cut, seconds = close_gap(ctx, pool, sizes, refine_gap, mode, early, late, deadline)
+                cut, seconds = close_gap(ctx, pool, sizes, refine_gap, mode, early, late, deadline, stop_gap)
                 timed_out = cut or timed_out
                 grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
             elif not timed_out and "exact" not in coverages:
@@ -359,7 +370,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     gap = best.step_s / lower - 1 if lower > 0 else float("inf")
     pred = best.prediction.model_copy(update={"lower_bound_s": lower, "gap": gap})
     plan = best.plan.model_copy(update={"predicted": pred})
-    alternatives = _alternatives(candidates, top_k)
+    alternatives = alternatives_of(candidates, top_k)
     used: dict[str, int] = {}
     for p in plan.pipelines:
         for s in p.stages:
@@ -371,12 +382,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         idle[g] -= n
     idle = {g: n for g, n in idle.items() if n}
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
-    explanation = _explain(plan, pred, idle, coverage)
-    explanation += _outside_coverage(plan, coverage) if bounds else []
+    explanation = explain(plan, pred, idle, coverage)
+    explanation += outside_coverage(plan, coverage) if bounds else []
     if not bounds:
         explanation.append(f"no plan of the covered space ({coverage}) fits: this plan lies outside it, and the "
                            "lower bound is the fluid one (every layer's work spread over every GPU at its best "
                            "efficiency), valid for every plan")
+    if explored["stopped_at_gap"]:
+        explanation.append(f"the search stopped once the gap was within stop_gap ({stop_gap:.2%}): the plan polish, "
+                           "further refinement and the mesh chains run only to close the gap were skipped, so a "
+                           "full search may find a plan up to that much faster within the lower bound's coverage")
     if best.step_s < covered:
         explanation.append(f"the lower bound of the covered space ({coverage}) is {covered:.4f} s, above this "
                            "plan's step: the plan lies outside that space and beats every plan in it, so the "
@@ -421,63 +436,5 @@ def _grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     idle = {g: n for g, n in idle.items() if n}
     stats = {"gpus_used": used, "search_s": time.perf_counter() - start}
     coverage = "flagscale-meshes" if target == "flagscale" else "megatron-grid"
-    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, _explain(plan, pred, idle, coverage), stats,
+    return SearchResult(plan, pred, pred.step_s, 0.0, [], coverage, idle, explain(plan, pred, idle, coverage), stats,
                         history=[Milestone(coverage, pred.step_s, pred.step_s, stats["search_s"])])
-
-
-def _alternatives(candidates: list[Candidate], top_k: int) -> list[Plan]:
-    """The next `top_k` distinct plans after the best (which may have been found more than once).
-    Plans are told apart by their compact JSON without any prediction block: the pretty
-    `Plan.to_json` of a 16,384-GPU plan took 0.1-0.5 s, and this runs after the search, in the
-    parent."""
-    def key(plan: Plan) -> str:
-        return plan.model_copy(update={"predicted": None}).model_dump_json()
-
-    seen: set[str] = {key(candidates[0].plan)} if candidates else set()
-    out = []
-    for c in candidates[1:]:
-        k = key(c.plan)
-        if k in seen:
-            continue
-        seen.add(k)
-        out.append(c.plan.model_copy(update={"predicted": c.prediction}))
-        if len(out) >= top_k:
-            break
-    return out
-
-
-def _outside_coverage(plan: Plan, coverage: str) -> list[str]:
-    """A line per pipeline the bound's coverage does not hold: more runs of stage groups than it
-    has (a three-run plan candidate, `providers.BlocksProvider(bound_blocks=...)`, or a Megatron
-    grid), or two runs in more stages than its `mixed<=K` (a grid)."""
-    if coverage == "exact":
-        return []
-    blocks, mixed = coverage_rank(coverage)
-    out = []
-    for k, pipe in enumerate(plan.pipelines):
-        groups = [(s.gpu, s.num_gpus) for s in pipe.stages]
-        runs = sum(1 for i, g in enumerate(groups) if i == 0 or g != groups[i - 1])
-        if runs > blocks:
-            out.append(f"pipeline {k} has {runs} runs of stage groups, more than the lower bound's coverage "
-                       f"({coverage}) holds: the bound is for plans of that space, this one is a candidate "
-                       "from outside it")
-        elif runs == 2 and len(groups) > mixed:
-            out.append(f"pipeline {k} mixes stage groups over {len(groups)} stages, more than the lower "
-                       f"bound's coverage ({coverage}) holds: the bound is for plans of that space, this one "
-                       "is a candidate from outside it")
-    return out
-
-
-def _explain(plan: Plan, pred: Prediction, idle: dict[str, int], coverage: str) -> list[str]:
-    """Bottleneck, memory headroom per stage, and why GPUs are idle: no plan of the searched space
-    (`coverage`) that uses them is faster; a time limit or a narrower coverage leaves that open."""
-    lines = [f"bottleneck: {pred.bottleneck}"]
-    for sp in pred.per_stage:
-        head = sp.memory_capacity_bytes - sp.memory_bytes
-        lines.append(f"pipeline {sp.pipeline} stage {sp.stage} ({sp.gpu}): memory headroom "
-                     f"{head / 2**30:.1f} GiB of {sp.memory_capacity_bytes / 2**30:.1f} GiB")
-    for gpu, n in sorted(idle.items()):
-        lines.append(f"idle: {n} x {gpu} - no plan of the searched space ({coverage}) that also uses them is "
-                     "faster under the cost model (they would lengthen gradient sync or could not take a "
-                     "balanced share of the batch)")
-    return lines

@@ -6,7 +6,7 @@ goal), else after it alongside the plan polish (`unit_loop.close_gap`):
 the best Megatron grid (the issue's "never slower than the best uniform Megatron plan", by
 construction) and the most promising FlagScale mesh chains (pipelines of any number of runs, which
 the blocks coverage caps). Their plans may lie outside the bound's coverage;
-`api._outside_coverage` says so.
+`explain.outside_coverage` says so.
 """
 
 from __future__ import annotations
