@@ -101,12 +101,16 @@ def draw(rng: random.Random) -> Instance:
 def in_coverage(found: Found, coverage: str, cluster: ClusterSpec) -> bool:
     """Whether the oracle's plan lies in the coverage: exact holds every plan; "blocks<=B" every
     pipeline of at most B runs (consecutive stages of one device class and GPU count) on pairwise
-    different device classes, with ",mixed<=K" those of two runs at most K stages long."""
+    different device classes, with ",mixed<=K" those of two runs at most K stages long, each
+    running at least as many microbatches as it has stages (the blocks provider's memory
+    assumption: a pipeline of fewer holds fewer in flight, `providers`)."""
     if coverage == "exact":
         return True
     most_runs, mixed_cap = coverage_rank(coverage)
     key = [device_class_of(g).key for g in cluster.nodes]
-    for stages, _ in found.pipelines:
+    for stages, microbatches in found.pipelines:
+        if microbatches < len(stages):
+            return False
         blocks = [(key[c.group], c.gpus) for c, _, _ in stages]
         runs = [b for k, b in enumerate(blocks) if k == 0 or b != blocks[k - 1]]
         classes = [cls for cls, _ in runs]
