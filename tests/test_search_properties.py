@@ -167,6 +167,24 @@ def test_exact_search_never_slower_than_any_megatron_grid(model, cluster, traini
     _assert_beats_baselines(result, model, cluster, training)
 
 
+@settings(max_examples=40, **SETTINGS)
+@given(model=models(), cluster=clusters(), training=trainings())
+def test_a_stop_gap_search_is_sound_within_its_gap_and_beats_megatron_grids(model, cluster, training):
+    """With the blocks coverage forced and a 5 % stop gap (`search(stop_gap=...)`), which skips
+    refinement and the polish and only bounds units near the best plan: still a valid plan, its
+    bound below it, within the gap where it says it stopped, and never slower than a grid."""
+    try:
+        result = search(model, cluster, training, cost=COST, exact_limit=0, stop_gap=0.05)
+    except InfeasibleError:
+        _assert_no_grid_exists(model, cluster, training)
+        return
+    assert result.coverage != "exact"
+    _assert_sound(result, cluster)
+    _assert_beats_baselines(result, model, cluster, training)
+    if result.stats["stopped_at_gap"]:
+        assert result.gap <= 0.05 * (1 + REL)
+
+
 @settings(max_examples=8, **SETTINGS)
 @given(model=models(max_layers=3), cluster=clusters(max_gpus=6), training=trainings())
 def test_search_is_deterministic(model, cluster, training):
