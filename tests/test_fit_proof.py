@@ -12,7 +12,7 @@ import pytest
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import InfeasibleError
 from planner.search import search
-from planner.search.fit_proof import fold_fits, pipeline_usages
+from planner.search.fit_proof import EXACT_COUNTS, count_ranges, fold_fits, pipeline_usages
 from planner.search.space import BlockType
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
@@ -69,6 +69,49 @@ def test_fold_fits_matches_brute_force(seed: int) -> None:
         expect = any(all(sum(p[k] for p in combo) <= a for k, a in enumerate(avail))
                      for combo in itertools.combinations_with_replacement(points, count))
         assert fold_fits(usages, avail, count) == expect
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fold_fits_with_a_first_usage_matches_brute_force(seed: int) -> None:
+    """One usage from `first` and `count` - 1 from the grid fit the pool together exactly when some
+    such choice of them does."""
+    rng = np.random.default_rng(100 + seed)
+    avail = (3, 2, 2) if seed % 2 else (4, 3)
+    usages = rng.random(tuple(a + 1 for a in avail)) < (0.08 if seed % 2 else 0.15)
+    first = usages & (rng.random(usages.shape) < 0.5)  # more flights in flight: fewer usages
+    points = [tuple(int(x) for x in p) for p in np.argwhere(usages)]
+    firsts = [tuple(int(x) for x in p) for p in np.argwhere(first)]
+    for count in (1, 2, 3):
+        expect = any(all(f[k] + sum(p[k] for p in combo) <= a for k, a in enumerate(avail))
+                     for f in firsts for combo in itertools.combinations_with_replacement(points, count - 1))
+        assert fold_fits(usages, avail, count, first=first) == expect
+
+
+@pytest.mark.parametrize("micro, gpus", [(1, 8), (2, 8), (16, 6), (64, 40), (1000, 300), (40, 1000)])
+def test_count_ranges_cover_every_pipeline_count_once(micro: int, gpus: int) -> None:
+    ranges = count_ranges(micro, gpus)
+    covered = [r for lo, hi in ranges for r in range(lo, hi + 1)]
+    assert covered == list(range(2, min(micro, gpus) + 1))
+    assert all(lo == hi for lo, hi in ranges if lo <= EXACT_COUNTS)
+    assert all(hi <= 2 * lo - 1 for lo, hi in ranges)
+
+
+@pytest.mark.parametrize("draw_index", [87, 344, 730])
+def test_fuzz_draws_without_a_plan_are_shown_to_fit_nowhere(draw_index: int) -> None:
+    """`oracle_fuzz.py --seed 42` draws the oracle finds no plan for, which the proof left open when
+    it took pipeline counts in ranges [lo, 2 lo - 1] with the states sharded over 2 lo - 1 even
+    past the pool's GPUs: 87 (ZeRO-3, 4 GPUs of three types) and 344 (ZeRO-1, 6 GPUs of two
+    types) are shown by counts taken one by one, 730 (ZeRO-1, 2 GPUs) by the range's cap at the
+    pool's GPU count."""
+    from benchmarks.brute_force import brute_force
+    from benchmarks.oracle_fuzz import COST as FUZZ_COST
+    from benchmarks.oracle_fuzz import draw, proves_nothing_fits
+
+    rng = random.Random(42)
+    for _ in range(draw_index + 1):
+        inst = draw(rng)
+    assert brute_force(inst.model, inst.cluster, inst.training, FUZZ_COST) is None
+    assert proves_nothing_fits(inst)
 
 
 def test_no_plan_anywhere_is_said_to_fit_nowhere() -> None:

@@ -8,14 +8,18 @@ in flight at its k-th stage from the end; a dynamic program from the last stage 
 stage groups -- any shape, any order, A -> B -> A included -- covers the model's layer slots within
 memory (`pipeline_usages`). A plan of one pipeline runs all M = global batch / b microbatches on
 it; a plan of R >= 2 has R pipelines on disjoint GPUs, each holding at least one microbatch.
-So when, for every microbatch size, no usage fits at m = M and no two usages fit at one microbatch
-in flight within the pool, no plan fits. With ZeRO, optimizer states are sharded over the R
-pipelines, so less memory per GPU the more there are: R is taken in ranges [lo, 2·lo - 1] (up
-to M), each with states sharded over its largest R (less memory than any such plan's, so more
-usages fit), and none of the range's plans fits where no lo usages fit the pool together
-(`fold_fits`). Llama-2 70B at 64k tokens with ZeRO-1 on 76 GPUs (`many_types.py --seed 20` pool
-20) is shown to fit nowhere so; with the states sharded over 76 pipelines for every R, two
-usages did fit and the proof had failed.
+And R pipelines share the M microbatches, so one of them runs at least ceil(M / R). R >= 2 is
+taken in ranges [lo, hi] (each count alone up to `EXACT_COUNTS`, then [lo, 2·lo - 1]; R at most
+M and the pool's GPUs): a plan of the range holds lo pipelines that fit the pool together, one
+of them a usage at m = ceil(M / hi) microbatches and the others at one (`fold_fits`); where no
+such lo fit, no plan of the range does. With ZeRO, optimizer states (and with ZeRO-3 weights)
+are sharded over the R pipelines, so less memory per GPU the more there are: each range's states
+are sharded over its hi (less memory than any of its plans', so more usages fit). Llama-2 70B
+at 64k tokens with ZeRO-1 on 76 GPUs (`many_types.py --seed 20` pool 20) is shown to fit nowhere
+so; with the states sharded over 76 pipelines for every R, two usages did fit and the proof had
+failed. The 7 `oracle_fuzz.py --seed 42` draws without a plan that ranges of two or more counts
+(states sharded over 2·lo - 1, even past the pool's GPUs) had left open are all shown now: 6 by
+the counts taken one by one, 1 by capping a range at the pool's GPU count.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 
 MAX_CELLS = 50_000  # usage grid cells (prod of GPUs + 1 per class) the proof is tried up to
+EXACT_COUNTS = 8  # pipeline counts the proof takes one by one (above, in ranges [lo, 2 lo - 1])
 
 
 def flight_limits(mem_fixed: np.ndarray, act: np.ndarray, capacity: float) -> np.ndarray:
@@ -77,20 +82,24 @@ def pipeline_usages(limits: dict[BlockType, np.ndarray], avail: tuple[int, ...],
     return found
 
 
-def fold_fits(usages: np.ndarray, avail: tuple[int, ...], count: int) -> bool:
-    """Whether `count` usages of the grid (repeats allowed) fit the pool together (sum <= avail).
+def fold_fits(usages: np.ndarray, avail: tuple[int, ...], count: int, first: np.ndarray | None = None) -> bool:
+    """Whether `count` usages of the grid (repeats allowed) fit the pool together (sum <= avail);
+    with `first`, one of them from that grid and the other `count` - 1 from `usages`.
 
     Works on upward closures: `reach[v]` says some sum of k usages is <= v. Adding one more usage
     only needs the minimal usages (none other below them), each a shift of `reach`."""
-    reach = usages.copy()
+    reach = (usages if first is None else first).copy()
     for axis in range(reach.ndim):
         reach = np.logical_or.accumulate(reach, axis=axis)
-    above_other = np.zeros_like(reach)  # v lies above some usage other than v
-    for axis in range(reach.ndim):
-        src = [slice(None)] * reach.ndim
-        dst = [slice(None)] * reach.ndim
+    closed = usages.copy()
+    for axis in range(closed.ndim):
+        closed = np.logical_or.accumulate(closed, axis=axis)
+    above_other = np.zeros_like(closed)  # v lies above some usage other than v
+    for axis in range(closed.ndim):
+        src = [slice(None)] * closed.ndim
+        dst = [slice(None)] * closed.ndim
         src[axis], dst[axis] = slice(0, -1), slice(1, None)
-        above_other[tuple(dst)] |= reach[tuple(src)]
+        above_other[tuple(dst)] |= closed[tuple(src)]
     minimal = [tuple(int(x) for x in u) for u in np.argwhere(usages & ~above_other)]
     for _ in range(count - 1):
         if not reach.any():
@@ -118,18 +127,26 @@ def fits_nowhere(cost: CostModel, model: ModelSpec, training: TrainingSpec, clas
         limits = _limits(cost, model, training, classes, types, b, 1, single_node)
         if pipeline_usages(limits, avail, micro).any():
             return False  # one pipeline may fit
-        if not training.zero:  # memory does not depend on the pipeline count: any two of a plan fit
-            if micro > 1 and fold_fits(pipeline_usages(limits, avail, 1), avail, 2):
-                return False
-            continue
-        lo = 2
-        while lo <= min(micro, sum(avail)):
-            hi = min(2 * lo - 1, micro)
-            limits = _limits(cost, model, training, classes, types, b, hi, single_node)
-            if fold_fits(pipeline_usages(limits, avail, 1), avail, lo):
+        singles = pipeline_usages(limits, avail, 1)  # without ZeRO, memory does not depend on R
+        for lo, hi in count_ranges(micro, sum(avail)):
+            if training.zero:
+                limits = _limits(cost, model, training, classes, types, b, hi, single_node)
+                singles = pipeline_usages(limits, avail, 1)
+            if fold_fits(singles, avail, lo, first=pipeline_usages(limits, avail, -(-micro // hi))):
                 return False  # lo to hi pipelines may fit
-            lo = hi + 1
     return True
+
+
+def count_ranges(micro: int, gpus: int) -> list[tuple[int, int]]:
+    """The ranges [lo, hi] of pipeline counts R >= 2 the proof takes (R at most `micro`, the
+    microbatches, and `gpus`): one count each up to `EXACT_COUNTS`, then [lo, 2 lo - 1]."""
+    top = min(micro, gpus)
+    out, lo = [], 2
+    while lo <= top:
+        hi = lo if lo <= EXACT_COUNTS else min(2 * lo - 1, top)
+        out.append((lo, hi))
+        lo = hi + 1
+    return out
 
 
 def _limits(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
