@@ -1,6 +1,7 @@
 """The default search on random pools of many GPU types: time, step, gap and what the mesh chains did.
 
-    python benchmarks/many_types.py [--seed 1 [2 ...]] [--count 24] [--time-limit 120] [--workers 1] [--csv FILE]
+    python benchmarks/many_types.py [--seed 1 [2 ...]] [--count 24] [--time-limit 120] [--workers 1]
+                                    [--stop-gap G] [--csv FILE]
 
 `chain_check.py` and `random_search.py` draw pools of two or three types and at most ~60 GPUs; users
 with mixed fleets meet more: here three to seven of eleven types, 1-16 nodes of 1-8 GPUs each (up to
@@ -11,7 +12,7 @@ found it (`planner.search.history`): where it comes long before the end, the res
 went to proving the gap. Draws that fit nowhere are listed with the reason. Times vary by 10-30 %
 from run to run on a busy 2-core machine. The last lines sum the run up: how many draws fit, how
 many of those end within a 2 % gap (the issue's target), which do not, the search times, and when
-and by which phase the final plans were found.
+and by which phase the final plans were found. `--stop-gap G` passes `stop_gap` to the search.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def main() -> None:
     ap.add_argument("--count", type=int, default=24, help="draws per seed")
     ap.add_argument("--time-limit", type=float, default=120.0)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--stop-gap", type=float, default=None, help="the search's stop_gap (end once the gap is this)")
     ap.add_argument("--csv", type=Path, default=None)
     args = ap.parse_args()
     cost = AnalyticCostModel()
@@ -76,7 +78,7 @@ def main() -> None:
             drawn += 1
             try:
                 res = api.search(model, cluster, training, cost=cost, time_limit=args.time_limit,
-                                 workers=args.workers)
+                                 workers=args.workers, stop_gap=args.stop_gap)
             except HetplanError as e:
                 print(f"| {seed} | {i} | {name} | {cluster.num_gpus} | {e} |", flush=True)
                 continue
