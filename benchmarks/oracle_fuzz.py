@@ -8,8 +8,8 @@ global batches 1-8, several microbatch sizes (or the search's default ones); ran
 tp / cp / head / stage-dp degrees, recompute modes and ZeRO stages; widths 256-8,192 and
 512-8,192 tokens (some draws fit nowhere); a fifth of the pools let groups span nodes. Each is
 searched by default, on the blocks coverage with a stop gap (`STOP_GAP`) and, where its
-enumeration stays small, with the exact coverage forced, and `check` lists what is wrong: a plan the validator rejects or whose step the evaluator does not
-reproduce, a plan faster than the oracle's optimum (the oracle would be wrong), a plan slower than
+enumeration stays small, with the exact coverage forced, and `check` lists what is wrong: a plan
+the validator rejects or whose step the evaluator does not reproduce, a plan faster than the oracle's optimum (the oracle would be wrong), a plan slower than
 it on the exact coverage, a stop-gap plan more than `STOP_GAP` slower than an optimum its
 coverage holds, a bound above the optimum where the optimum's plan lies in the coverage
 (`in_coverage`), a disagreement on whether any plan fits, or `fit_proof.fits_nowhere` proving
