@@ -77,6 +77,9 @@ def test_the_cli_passes_the_stop_gap(capsys: pytest.CaptureFixture[str]) -> None
     assert code == 0, out.err
     doc = json.loads(out.out)
     assert doc["search"]["explored"]["stopped_at_gap"] == 1 and doc["search"]["gap"] <= 0.05
+    code = main([a for a in base if a != "--json"] + ["--stop-gap", "0.05"])
+    out = capsys.readouterr()
+    assert code == 0 and "(stopped at --stop-gap)" in out.out + out.err
     code = main([*base, "--stop-gap", "-1"])
     err = capsys.readouterr().err
     assert code == 2 and "--stop-gap" in err and "Traceback" not in err

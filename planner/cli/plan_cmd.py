@@ -203,6 +203,7 @@ def plan_command(
                        ("MFU", f"{100 * pred.mfu:.1f} %"),
                        ("bottleneck", pred.bottleneck),
                        ("coverage", result.coverage + (" (time limit hit)" if result.timed_out else "")
+                        + (" (stopped at --stop-gap)" if result.stats.get("stopped_at_gap") else "")
                         + _beyond(result)),
                        ("search time", f"{result.stats.get('search_s', 0.0):.2f} s"),
                        ("plan found", _found(result)),
