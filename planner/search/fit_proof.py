@@ -142,10 +142,11 @@ def fits_nowhere(cost: CostModel, model: ModelSpec, training: TrainingSpec, clas
         limits = _limits(cost, model, training, classes, types, b, 1, single_node)
         if pipeline_usages(limits, avail, micro).any():
             return False  # one pipeline may fit
-        singles = pipeline_usages(limits, avail, 1)  # without ZeRO, memory does not depend on R
+        singles = None  # usages at one microbatch; without ZeRO memory does not depend on R
         for lo, hi in count_ranges(micro, sum(avail)):
             if training.zero:
                 limits = _limits(cost, model, training, classes, types, b, hi, single_node)
+            if training.zero or singles is None:
                 singles = pipeline_usages(limits, avail, 1)
             # lo usages at one microbatch each fit first (else no plan of the range does), then with
             # one of them at ceil(M / hi): the second grid costs a DP of its own
