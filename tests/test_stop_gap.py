@@ -43,8 +43,8 @@ def test_the_search_stops_at_the_gap_with_a_sound_plan() -> None:
     assert stop.gap <= 0.02 and full.gap < stop.gap
     assert not violations(stop.plan, CLUSTER, COST)
     assert evaluate(stop.plan, CLUSTER, COST).step_s == pytest.approx(stop.prediction.step_s, rel=1e-9)
-    # each bound holds for the other's plan (the same space), and the stop plan is within 2 % of
-    # the full search's bound
+    # each bound holds for the other's plan (the same space); on this pool the stop plan is also
+    # within 2 % of the full search's tighter bound
     assert stop.lower_bound_s <= full.prediction.step_s * (1 + 1e-9)
     assert full.lower_bound_s <= stop.prediction.step_s * (1 + 1e-9)
     assert stop.prediction.step_s <= full.lower_bound_s * 1.02 * (1 + 1e-9)
