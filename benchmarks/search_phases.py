@@ -1,6 +1,6 @@
 """Where a search's wall time goes, phase by phase, on the ladder's pools.
 
-    python benchmarks/search_phases.py [--gpus 16 32 64] [--workers 2] [--time-limit 120]
+    python benchmarks/search_phases.py [--gpus 16 32 64] [--workers 2] [--time-limit 120] [--stop-gap G]
 
 Runs `planner.search` on `search_scale.ladder_cluster(g)` (Llama-2 13B, global batch
 max(256, 4g)) and prints, per pool, when each large-pool phase of `api.search` started and ended
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--stop-gap", type=float, default=None, help="passed to the search (e.g. 0.02)")
     args = ap.parse_args()
     model = get_model("llama2-13b")
     spans: dict[str, list[tuple[float, float]]] = {}
@@ -76,7 +77,7 @@ def main() -> None:
             cpu0 = cpu_s()
             zero[0] = time.perf_counter()
             res = api.search(model, ladder_cluster(g), training, cost=AnalyticCostModel(),
-                             time_limit=args.time_limit, workers=args.workers)
+                             time_limit=args.time_limit, workers=args.workers, stop_gap=args.stop_gap)
             total = time.perf_counter() - zero[0]
             cpu = cpu_s() - cpu0  # the search's pools are closed (workers reaped) when it returns
             cells = [", ".join(f"{a:.2f}-{b:.2f}" for a, b in spans[name]) if name in spans else "-"
