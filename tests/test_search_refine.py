@@ -8,6 +8,7 @@ that skeleton. And they must be tighter than the old ones somewhere, else the te
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -312,6 +313,53 @@ def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
     assert min(t.usage[2] for t in v100) == 2 and min(sum(t.usage) for t in lb_set) == 1
     assert [(su.unit.lo, su.unit.hi) for su in singles] == [(14, 14)]
     assert all(su.bound_s >= narrow.bound_s * (1 - 1e-9) for su in singles)
+
+
+def test_split_parts_below_the_refined_class_go_on_from_its_refinement() -> None:
+    """A narrow class refined at every ratio and then split into single counts: each count whose
+    own first bound is at most the class's refined one goes on from the class's templates and
+    ratio (`units.inherit_refinement`), not from the coarsest ratio again (the class's templates,
+    tails costed for its lowest count and memory for its most pipelines, bound every count of
+    it). Here 6 pipelines: own bound 0.7119 s below the class's 0.7164 s, and the class's
+    templates under exactly 6 pipelines prove 0.7206 s. Every plan found bounds no part below."""
+    import time
+
+    from planner.search.parallel import UnitPool
+    from planner.search.units import REFINE_RATIOS, Unit, UnitContext
+    from solvers.assign import SolverStats
+
+    classes = resource_classes(BIG_CLUSTER)
+    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
+    avail = tuple(rc.gpus for rc in classes)
+    provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
+                              BIG_CLUSTER.single_node)
+    ctx = UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, classes, COST, avail, [], [], set(), SolverStats(),
+                      {"assignments": 0})
+    narrow = Unit(1, provider, 5, 8, BIG_TRAINING.global_batch)
+    with UnitPool([narrow], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
+        pool.solve([narrow])
+        (whole,) = ctx.solved
+        for _ in REFINE_RATIOS:
+            pool.refine([whole], None)
+        assert whole.ratio == REFINE_RATIOS[-1]
+        own = {}
+        for lo in range(5, 9):  # each count's own first bound, as the split solves it
+            alone = Unit(1, provider, lo, lo, BIG_TRAINING.global_batch)
+            with UnitPool([alone], replace(ctx, solved=[], candidates=[]), "cpsat", time.perf_counter(), None,
+                          workers=1) as single:
+                single.solve([alone])
+                own[lo] = single.ctx.solved[0].bound_s
+        pool.split(whole)
+    parts = {su.unit.lo: su for su in ctx.solved}
+    assert sorted(parts) == [5, 6, 7, 8]
+    went_on = [lo for lo, su in parts.items() if su.ratio == whole.ratio]
+    assert 6 in went_on and own[6] < whole.bound_s  # without the rule only 5, the lowest count
+    for lo, su in parts.items():
+        assert su.bound_s >= whole.bound_s * (1 - 1e-9)
+        assert (lo in went_on) == (lo == 5 or own[lo] <= whole.bound_s)
+    for c in ctx.candidates:
+        su = parts.get(len(c.plan.pipelines))
+        assert su is None or c.step_s >= su.bound_s * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("r_max", [1, 3, 5, 8, 9, 40, 1024])

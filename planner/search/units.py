@@ -305,13 +305,16 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
 
 
 def inherit_refinement(part: SolvedUnit, whole: SolvedUnit, ctx: UnitContext, incumbent_s: float) -> None:
-    """The part of a split class that keeps its lowest count (`parallel.UnitPool.split`) goes on
-    from the class's refined bound templates and ratio: its tails are costed for the same count,
-    and the class's templates, memory-checked for its most pipelines, hold every split the
-    part's own do. Its bound is the most of its own, the class's and the LP's over those
-    templates under its fewer pipelines. Refined again from the coarsest ratio instead, such a
-    part mostly came back to the class's bound (`chain_check.py --seed 40` pool 18: 18 units
-    refined, 14 with the parts inheriting)."""
+    """A part of a split class (`parallel.UnitPool.split`: the one that keeps its lowest count,
+    and any whose own bound is at most the class's) goes on from the class's refined bound
+    templates and ratio: their tails are costed for the class's lowest count (sync for the fewest
+    replicas; with ZeRO, optimizer states sharded over the most) and their memory for its most
+    pipelines, so they bound every split of every count of the class, the part's own included.
+    Its bound is the most of its own, the class's and the LP's over those templates under its
+    fewer pipelines. Refined again from the coarsest ratio instead, such parts mostly came back
+    to the class's bound (`chain_check.py --seed 40` pool 18: 18 units refined, 14 with the
+    lowest count's part going on; `many_types.py --seed 14` pool 23: 49 s, 39 s with every part
+    at or below the class's bound going on)."""
     u = part.unit
     overhead = ctx.cost.knobs.step_overhead_s
     templates = whole.lb_set  # a list or columns: `problem_of` reads either
