@@ -9,7 +9,9 @@ def test_lower_limit_on_pipelines_closes_a_gap_without_lifting(monkeypatch) -> N
     (`benchmarks/many_types.py --seed 1` pool 4). Without the limit every unit of three or more
     pipelines was bounded by fractions of a few long pipelines: refined as far as tails go the gap
     stayed at 2.31 % (1.5 % only once whole pipelines were searched, `lift.lift_unit`, 18 s);
-    with it the same plan at 0.98 %, nothing lifted, 6 s."""
+    with it the same plan within the 1.5 % target, nothing lifted, 6 s (0.98 % when the parts of a
+    split class were refined from the coarsest ratio again; 1.44 % once they go on from the
+    class's templates, `units.inherit_refinement`, three units refined instead of five)."""
     from planner.costmodel.analytic import AnalyticCostModel
     from planner.evaluate import evaluate
     from planner.search import search, unit_loop
@@ -24,7 +26,7 @@ def test_lower_limit_on_pipelines_closes_a_gap_without_lifting(monkeypatch) -> N
         ("A100-SXM4-80GB", 3, 1))])
     args = (get_model("llama2-13b"), cluster, TrainingSpec(global_batch=512, seq_len=65536, zero=1))
     res = search(*args, cost=cost, workers=2)
-    assert res.gap <= 0.01 and res.stats["units_lifted"] == 0 and not res.timed_out
+    assert res.gap <= 0.015 and res.stats["units_lifted"] == 0 and not res.timed_out
     assert res.lower_bound_s <= res.prediction.step_s
     assert not violations(res.plan, cluster, cost)
     assert abs(evaluate(res.plan, cluster, cost).step_s - res.prediction.step_s) <= 1e-9 * res.prediction.step_s
