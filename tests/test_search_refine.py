@@ -276,6 +276,22 @@ def test_row_support_replay_is_a_relaxation_that_needs_few_rows() -> None:
     assert 0 < grown < rows and rounds >= 2  # some rows expanded, far from all
 
 
+def _big_unit_context(training: TrainingSpec) -> tuple:
+    """A blocks provider for microbatch 1 on `BIG_CLUSTER` and an empty unit context, for driving
+    `UnitPool` by hand."""
+    from planner.search.units import UnitContext
+    from solvers.assign import SolverStats
+
+    classes = resource_classes(BIG_CLUSTER)
+    shapes = {rc.index: stage_shapes(BIG_MODEL, training, rc, 1) for rc in classes}
+    avail = tuple(rc.gpus for rc in classes)
+    provider = BlocksProvider(COST, BIG_MODEL, training, classes, block_types(shapes), avail, 1,
+                              BIG_CLUSTER.single_node)
+    ctx = UnitContext(BIG_MODEL, training, BIG_CLUSTER, classes, COST, avail, [], [], set(), SolverStats(),
+                      {"assignments": 0})
+    return provider, ctx
+
+
 def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
     """`UnitPool.split` replaces a class [lo, hi] by its parts (`split_counts`: two for a wide
     class, single counts for a narrow one), each solved with tails costed for its own lowest count:
@@ -283,16 +299,9 @@ def test_splitting_a_wide_replica_class_only_raises_its_bound() -> None:
     import time
 
     from planner.search.parallel import UnitPool
-    from planner.search.units import Unit, UnitContext
-    from solvers.assign import SolverStats
+    from planner.search.units import Unit
 
-    classes = resource_classes(BIG_CLUSTER)
-    shapes = {rc.index: stage_shapes(BIG_MODEL, BIG_TRAINING, rc, 1) for rc in classes}
-    avail = tuple(rc.gpus for rc in classes)
-    provider = BlocksProvider(COST, BIG_MODEL, BIG_TRAINING, classes, block_types(shapes), avail, 1,
-                              BIG_CLUSTER.single_node)
-    ctx = UnitContext(BIG_MODEL, BIG_TRAINING, BIG_CLUSTER, classes, COST, avail, [], [], set(), SolverStats(),
-                      {"assignments": 0})
+    provider, ctx = _big_unit_context(BIG_TRAINING)
     wide = Unit(1, provider, 9, 16, BIG_TRAINING.global_batch)
     with UnitPool([wide], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
         pool.solve([wide])
@@ -327,17 +336,10 @@ def test_split_parts_below_the_refined_class_go_on_from_its_refinement(zero: int
     import time
 
     from planner.search.parallel import UnitPool
-    from planner.search.units import REFINE_RATIOS, Unit, UnitContext
-    from solvers.assign import SolverStats
+    from planner.search.units import REFINE_RATIOS, Unit
 
     training = BIG_TRAINING.model_copy(update={"zero": zero})
-    classes = resource_classes(BIG_CLUSTER)
-    shapes = {rc.index: stage_shapes(BIG_MODEL, training, rc, 1) for rc in classes}
-    avail = tuple(rc.gpus for rc in classes)
-    provider = BlocksProvider(COST, BIG_MODEL, training, classes, block_types(shapes), avail, 1,
-                              BIG_CLUSTER.single_node)
-    ctx = UnitContext(BIG_MODEL, training, BIG_CLUSTER, classes, COST, avail, [], [], set(), SolverStats(),
-                      {"assignments": 0})
+    provider, ctx = _big_unit_context(training)
     narrow = Unit(1, provider, 5, 8, training.global_batch)
     with UnitPool([narrow], ctx, "cpsat", time.perf_counter(), None, workers=1) as pool:
         pool.solve([narrow])
