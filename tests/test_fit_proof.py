@@ -12,7 +12,9 @@ import pytest
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.errors import InfeasibleError
 from planner.search import search
-from planner.search.fit_proof import EXACT_COUNTS, count_ranges, fold_fits, pipeline_usages
+from planner.search import api
+from planner.search.fit_proof import (EXACT_COUNTS, count_ranges, fold_fits, merged_classes, pipeline_usages,
+                                      pooled_limits)
 from planner.search.space import BlockType
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
@@ -141,4 +143,66 @@ def test_zero_sharding_is_taken_per_pipeline_count() -> None:
     training = TrainingSpec(global_batch=16, seq_len=65536, zero=1)
     with pytest.raises(InfeasibleError, match="fits nowhere") as err:
         search(get_model("llama2-70b"), cluster, training, cost=AnalyticCostModel(), workers=2)
+    assert "not searched" not in str(err.value)
+
+
+def test_classes_pool_until_the_usage_grid_is_small_enough() -> None:
+    """Pools within `MAX_CELLS` keep every class alone; larger ones pool the classes whose memory
+    per GPU is closest first (24 GB with 24 GB, not with 16 GB), and a pool no grouping brings
+    under the limit gets None."""
+    assert merged_classes([16.0, 24.0, 32.0], [8, 8, 8]) == [[0], [1], [2]]
+    capacity = [32.0, 24.0, 16.0, 24.0]  # V100-32, RTX-3090, V100-16, A10: 127,413 cells
+    assert merged_classes(capacity, [32, 12, 32, 8]) == [[0], [1, 3], [2]]
+    assert merged_classes(capacity, [32, 12, 32, 8], max_cells=2_000) == [[0, 1, 3], [2]]  # 53 * 33 cells
+    assert merged_classes(capacity, [32, 12, 32, 8], max_cells=100) == [[0, 1, 2, 3]]
+    assert merged_classes(capacity, [32, 12, 32, 8], max_cells=50) is None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pooled_classes_keep_every_usage_of_the_pool(seed: int) -> None:
+    """The relaxation the large pools' proof rests on: every GPU usage with which some pipeline
+    covers the layers in the pool, summed over each group's classes, is one the pooled grid holds
+    (so where the pooled grid holds none, the pool holds none)."""
+    rng = random.Random(300 + seed)
+    n = rng.randint(2, 5)
+    avail = (rng.randint(1, 3), rng.randint(1, 3), rng.randint(0, 2))
+    types = [BlockType(0, 1), BlockType(0, 2), BlockType(1, 1), BlockType(1, 2), BlockType(2, 1)]
+    limits = {}
+    for bt in types:
+        lim = np.zeros((n + 1, n + 1))
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                lim[i, j] = max(0, rng.randint(-1, 4) - (j - i) + 1)
+        limits[bt] = lim
+    micro = rng.randint(1, 4)
+    group_of = [0, 0, 1] if seed % 2 else [0, 1, 0]
+    pooled_avail = tuple(sum(a for a, g in zip(avail, group_of) if g == k) for k in range(2))
+    pooled = pipeline_usages(pooled_limits(limits, group_of), pooled_avail, micro)
+    found = _usages_brute(limits, avail, micro)
+    assert found  # every draw has pipelines that fit, so the check bites
+    for used in found:
+        summed = [0, 0]
+        for cls, u in enumerate(used):
+            summed[group_of[cls]] += u
+        assert pooled[tuple(summed)]
+
+
+def test_a_pool_too_large_for_the_grid_is_shown_to_fit_nowhere_on_pooled_classes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama-2 70B at 32k tokens, global batch 32, on 84 GPUs of four types (`many_types.py
+    --seed 23` pool 17): 127,413 usages, over the grid's limit, so the error said only that no
+    plan of the searched space fits. With the two 24 GB classes pooled the proof holds, and it
+    is taken before the engine candidates, which then do not run (nothing could fit)."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="V100-SXM2-32GB", nodes=16, gpus_per_node=2),
+                                 NodeGroup(gpu="RTX-3090", nodes=3, gpus_per_node=4),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=4, gpus_per_node=8),
+                                 NodeGroup(gpu="A10", nodes=1, gpus_per_node=8)])
+
+    def engines_run(*args, **kwargs):
+        raise AssertionError("the engine candidates ran where no plan fits")
+
+    monkeypatch.setattr(api, "beyond_coverage", engines_run)
+    with pytest.raises(InfeasibleError, match="fits nowhere.*82 layer slots") as err:
+        search(get_model("llama2-70b"), cluster, TrainingSpec(global_batch=32, seq_len=32768),
+               cost=AnalyticCostModel(), workers=1)
     assert "not searched" not in str(err.value)

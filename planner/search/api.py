@@ -257,6 +257,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     pending: list[Unit] = []
     ctx = UnitContext(model, training, cluster, classes, cost, avail, candidates, bounds, unsolved_sizes, stats,
                       explored, timeline={"start": start})
+    # whether no plan of any shape or order fits (`fit_proof`): asked only once the coverage has none
+    fits_nowhere_proven = functools.cache(
+        lambda: fits_nowhere(cost, model, training, classes, shape_sets, cluster.single_node))
     for bi, b in enumerate(sizes):
         if time_limit is not None and time.perf_counter() - start > time_limit and candidates:
             timed_out = True
@@ -330,7 +333,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                 cut, seconds = close_gap(ctx, pool, sizes, refine_gap, mode, early, late, deadline, stop_gap)
                 timed_out = cut or timed_out
                 grid_s, chain_s = seconds.get("megatron_grid", 0.0), seconds.get("chain", 0.0)
-            elif not timed_out and "exact" not in coverages:
+            elif not timed_out and "exact" not in coverages and not fits_nowhere_proven():
+                # no engine candidate can fit where no plan does: shown first, the error comes at
+                # once (Llama-2 70B at 256k tokens on 832 small GPUs: 64 s, most of it the grids)
                 grid_s, chain_s, timed_out = beyond_coverage(ctx, pool, sizes, chains, coverages, deadline,
                                                              refine_gap, polish != "never")
     bounds.extend(su.bound_s for su in ctx.solved)
@@ -343,7 +348,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         progress(1.0, "done")
     if not candidates:
         if not timed_out and n_slots <= exact_max_layers and exact_limit < EXACT_FALLBACK_LIMIT \
-                and coverages - {"exact"}:
+                and coverages - {"exact"} and not fits_nowhere_proven():
             spent = time.perf_counter() - start
             left = None if time_limit is None else time_limit - spent
             if left is None or left > 0:
@@ -357,7 +362,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         raise_no_plan(model, training, classes, cost, timed_out,
                       None if coverages <= {"exact"} else min(coverages, key=coverage_rank),
                       chains != "never" and "exact" not in coverages,
-                      lambda: fits_nowhere(cost, model, training, classes, shape_sets, cluster.single_node))
+                      fits_nowhere_proven)
     candidates.sort(key=lambda c: (c.step_s, c.micro_batch, c.plan.num_gpus))
     best = candidates[0]
     for b in sorted(unsolved_sizes):
