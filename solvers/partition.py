@@ -75,11 +75,23 @@ def _feasible_fb(opts: StageOptions, in_flight: int, c: float, e: float,
     return np.where(ok, fb, INF)
 
 
-def _cost_matrix(opts: StageOptions, in_flight: int, c: float, e: float) -> np.ndarray:
+def _cost_matrix(opts: StageOptions, in_flight: int, c: float, e: float,
+                 memo: dict[tuple[int, int, float], np.ndarray] | None = None) -> np.ndarray:
     """Least F+B over feasible options for each (i, j). Which option gives it is asked only for
     the split's own cells (`_least_option`): an argmin over every cell, and the gather by it, had
-    cost 4-7x the minimum alone."""
-    return _feasible_fb(opts, in_flight, c, e).min(axis=0)
+    cost 4-7x the minimum alone.
+
+    The cap c applies after the minimum: where the least F+B within memory and the tail cap is at
+    most c, the option giving it meets c, and where it is above c every option is. So the walks
+    that lower c under one tail cap (`memo`, keyed by the options' id, flight and e: one per walk,
+    whose options stay alive) reduce over the options once per stage kind, not once per c."""
+    key = (id(opts), in_flight, e)
+    least = None if memo is None else memo.get(key)
+    if least is None:
+        least = _feasible_fb(opts, in_flight, INF, e).min(axis=0)
+        if memo is not None:
+            memo[key] = least
+    return np.where(least <= c, least, INF)
 
 
 def _least_option(opts: StageOptions, in_flight: int, c: float, e: float, i: int, j: int) -> int:
@@ -88,10 +100,12 @@ def _least_option(opts: StageOptions, in_flight: int, c: float, e: float, i: int
 
 
 def best_split(positions: list[StageOptions], c: float = INF, e: float = INF,
-               max_in_flight: int | None = None) -> Split | None:
+               max_in_flight: int | None = None,
+               memo: dict[tuple[int, int, float], np.ndarray] | None = None) -> Split | None:
     """The split with least A under caps c (F+B) and e (tail); None when none meets them.
 
-    `max_in_flight` caps the microbatches a stage holds (a pipeline run with m < S microbatches)."""
+    `max_in_flight` caps the microbatches a stage holds (a pipeline run with m < S microbatches);
+    `memo` keeps each stage kind's least F+B across calls on the same positions (`_cost_matrix`)."""
     num_stages = len(positions)
     n = positions[0].num_layers
     if num_stages > n:
@@ -101,7 +115,7 @@ def best_split(positions: list[StageOptions], c: float = INF, e: float = INF,
     choice: list[tuple[np.ndarray, int]] = []
     for s in range(num_stages - 1, -1, -1):
         flight = num_stages - s if max_in_flight is None else min(num_stages - s, max_in_flight)
-        total = _cost_matrix(positions[s], flight, c, e) + value[None, :]
+        total = _cost_matrix(positions[s], flight, c, e, memo) + value[None, :]
         nxt = np.argmin(total, axis=1)
         value = total[np.arange(n + 1), nxt]
         choice.append((nxt, flight))
@@ -136,11 +150,12 @@ def split_frontier(positions: list[StageOptions], max_in_flight: int | None = No
     and p (or a point dominating it) appears there."""
     found: list[Split] = []
     e = INF
+    memo: dict[tuple[int, int, float], np.ndarray] = {}
     while len(found) < max_points:
         level: list[Split] = []
         c = INF
         while True:
-            sol = best_split(positions, c, e, max_in_flight)
+            sol = best_split(positions, c, e, max_in_flight, memo)
             if sol is None:
                 break
             level.append(sol)
@@ -182,11 +197,12 @@ def least_step_split(positions: list[StageOptions], m: int, max_in_flight: int |
     best: tuple[tuple, Split] | None = None  # (value, C, E, ranges), split
     bar = cutoff  # the value a split must beat: the cutoff, then the best split's
     e, listed = INF, 0
+    memo: dict[tuple[int, int, float], np.ndarray] = {}
     while listed < max_points:
         level_low = INF  # least A + (m - 1)·C of every split this tail cap admits
         largest_e = -INF
         c = INF
-        while (sol := best_split(positions, c, e, max_in_flight)) is not None:
+        while (sol := best_split(positions, c, e, max_in_flight, memo)) is not None:
             listed += 1
             value = sol.a_s + (m - 1) * sol.c_s + sol.e_s
             key = (value, sol.c_s, sol.e_s, sol.ranges)
@@ -211,7 +227,8 @@ def tail_capped_frontier(positions: list[StageOptions], e: float, max_in_flight:
     tail cap, bottleneck cap lowered below each answer in turn; `max_in_flight` as `best_split`)."""
     found: list[Split] = []
     c = INF
-    while (sol := best_split(positions, c, e, max_in_flight)) is not None:
+    memo: dict[tuple[int, int, float], np.ndarray] = {}
+    while (sol := best_split(positions, c, e, max_in_flight, memo)) is not None:
         found.append(sol)
         c = _below(sol.c_s)
     return pareto_ac(found)

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from solvers.partition import (StageOptions, Split, best_split, least_step_split, pareto, split_frontier,
-                               undominated_options)
+from solvers.partition import (StageOptions, Split, _cost_matrix, _feasible_fb, best_split, least_step_split, pareto,
+                               split_frontier, undominated_options)
 
 
 def _random_options(rng: np.random.Generator, n: int, num_opts: int, capacity: float) -> StageOptions:
@@ -110,6 +110,23 @@ def test_best_split_respects_caps() -> None:
     capped = best_split([opts] * 3, c=free.c_s * 0.999999)
     if capped is not None:
         assert capped.c_s < free.c_s and capped.a_s >= free.a_s - 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bottleneck_cap_applies_after_the_least_option(seed: int) -> None:
+    """The walks' cost matrices (one reduction over options per stage kind, flight and tail cap,
+    kept in a memo, the bottleneck cap applied after it) equal the least F+B over the options
+    that meet every cap, cell by cell, and the split found with a memo is the one found without."""
+    rng = np.random.default_rng(40 + seed)
+    opts = _random_options(rng, 6, 4, 14.0)
+    memo: dict = {}
+    for e in (math.inf, 4.0, 2.5):
+        for c in (math.inf, 12.0, 7.0, 5.5, 3.0):
+            for flight in (1, 2, 3):
+                want = _feasible_fb(opts, flight, c, e).min(axis=0)
+                assert np.array_equal(_cost_matrix(opts, flight, c, e, memo), want)
+            assert best_split([opts] * 3, c, e, 2, memo) == best_split([opts] * 3, c, e, 2)
+    assert len(memo) == 9  # three tail caps, three flights: the bottleneck caps share them
 
 
 def _undominated_by_pairs(opts: StageOptions, use_tail: bool) -> list[int]:
