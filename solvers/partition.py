@@ -75,6 +75,9 @@ def _feasible_fb(opts: StageOptions, in_flight: int, c: float, e: float,
     return np.where(ok, fb, INF)
 
 
+MEMO_CELLS = 4_000_000  # cells a `_cost_matrix` memo keeps at most (32 MB of float64)
+
+
 def _cost_matrix(opts: StageOptions, in_flight: int, c: float, e: float,
                  memo: dict[tuple[int, int, float], np.ndarray] | None = None) -> np.ndarray:
     """Least F+B over feasible options for each (i, j). Which option gives it is asked only for
@@ -90,6 +93,8 @@ def _cost_matrix(opts: StageOptions, in_flight: int, c: float, e: float,
     if least is None:
         least = _feasible_fb(opts, in_flight, INF, e).min(axis=0)
         if memo is not None:
+            if len(memo) * least.size >= MEMO_CELLS:  # a long-lived memo (the Megatron grids'):
+                del memo[next(iter(memo))]  # the oldest goes
             memo[key] = least
     return np.where(least <= c, least, INF)
 

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+import solvers.partition as partition
 from solvers.partition import (StageOptions, Split, _cost_matrix, _feasible_fb, best_split, least_step_split, pareto,
                                split_frontier, undominated_options)
 
@@ -127,6 +128,20 @@ def test_bottleneck_cap_applies_after_the_least_option(seed: int) -> None:
                 assert np.array_equal(_cost_matrix(opts, flight, c, e, memo), want)
             assert best_split([opts] * 3, c, e, 2, memo) == best_split([opts] * 3, c, e, 2)
     assert len(memo) == 9  # three tail caps, three flights: the bottleneck caps share them
+
+
+def test_a_full_memo_drops_its_oldest_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived memo (the Megatron grids' across layouts) keeps at most `MEMO_CELLS` cells:
+    past it the oldest matrix goes, and the splits stay the ones found without a memo."""
+    rng = np.random.default_rng(9)
+    kinds = [_random_options(rng, 6, 3, 14.0) for _ in range(3)]
+    monkeypatch.setattr(partition, "MEMO_CELLS", 2 * 7 * 7)  # two matrices of 7 x 7 cells
+    memo: dict = {}
+    for stages in itertools.permutations(kinds):
+        for flight in (1, 2, 3):
+            assert best_split(list(stages), max_in_flight=flight, memo=memo) == \
+                best_split(list(stages), max_in_flight=flight)
+            assert len(memo) <= 2
 
 
 def _undominated_by_pairs(opts: StageOptions, use_tail: bool) -> list[int]:

@@ -181,7 +181,7 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
 
 
 def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
-            placement: tuple, options: dict) -> _Layout | None:
+            placement: tuple, options: dict, costs: dict | None = None) -> _Layout | None:
     """The grid's layout on its `placement`, or None when no split fits memory. Bound: A_min, C_min
     and E_min, the least A, least largest F+B and least largest tail over memory-feasible splits,
     each minimised on its own; every 1F1B or GPipe pipeline of the grid takes at least
@@ -200,7 +200,7 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
             options[key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx)
         positions.append(options[key])
     flight = min(m, pp)
-    least = best_split(positions, max_in_flight=flight)
+    least = best_split(positions, max_in_flight=flight, memo=costs)
     if least is None:
         return None
     # the least largest F+B: the tail DP run on F+B in place of the tails
@@ -218,6 +218,7 @@ class _Caches:
     placed: dict = field(default_factory=dict)  # `_placement`'s, by (nodes, tp*cp, pp)
     work: dict = field(default_factory=dict)  # `_work_bound`'s per-layer F+B, by devices and shard
     options: dict = field(default_factory=dict)  # stage options, by (device, shape, b, dp)
+    costs: dict = field(default_factory=dict)  # their least F+B per flight (`partition.best_split`'s memo)
     layouts: dict = field(default_factory=dict)  # by grid
     splits: dict = field(default_factory=dict)  # by grid: its best split and step
     plans: dict = field(default_factory=dict)  # by grid: its scored plan, or None (refused)
@@ -362,7 +363,7 @@ def _least_grids(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
             continue
         layouts, splits = caches.layouts, caches.splits
         if grid not in layouts:
-            layouts[grid] = _layout(model, training, cluster, cost, grid, placement, caches.options)
+            layouts[grid] = _layout(model, training, cluster, cost, grid, placement, caches.options, caches.costs)
         lay = layouts[grid]
         if lay is None or lay.bound_s > limit:
             continue
