@@ -123,6 +123,8 @@ def best_split(positions: list[StageOptions], c: float = INF, e: float = INF,
         total = _cost_matrix(positions[s], flight, c, e, memo) + value[None, :]
         nxt = np.argmin(total, axis=1)
         value = total[np.arange(n + 1), nxt]
+        if value.min() == INF:
+            return None  # no start holds stages s.. (memory or caps): the earlier stages cannot help
         choice.append((nxt, flight))
     if not math.isfinite(value[0]):
         return None

@@ -345,7 +345,9 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         if all(v is not None for v in mine.values()):
             rows = [tuple(x for w, p in order for x in (id(w), p)) for order in orders]
             tails = batched_min_max_tails(mine, rows, max_flight=m)
-            found = batched_step_frontiers(mine, rows, m, max_flight=m, least_e=tails)
+            # a row with no least tail has no memory-feasible split: no frontier to sweep
+            fits = [row for row in rows if tails.get(row) is not None]
+            found = batched_step_frontiers(mine, fits, m, max_flight=m, least_e=tails) if fits else {}
             return [(found.get(row, []), tails.get(row)) for row in rows]
         out = []
         for order in orders:

@@ -95,8 +95,8 @@ def _ranks(cluster: ClusterSpec, n_nodes: int) -> list[tuple[str, int]]:
 
 def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed: dict,
                gpus_upto: list[int]) -> tuple | None:
-    """(stages on nodes, dp, microbatches per pipeline, the stages' device classes, stages per
-    device key) of the grid, or None when the global batch or the GPU count does not divide, or
+    """(stages on nodes, dp, microbatches per pipeline, the stages' distinct device classes, stages
+    per device key, each stage's device class) of the grid, or None when the global batch or the GPU count does not divide, or
     Megatron's rank order cannot place it. `placed`: `_stages_on_nodes` and its device classes by (nodes, tp*cp, pp), shared
     across grids (microbatch sizes and recompute modes repeat a placement); `gpus_upto[k]`: GPUs of
     the first k nodes."""
@@ -118,11 +118,11 @@ def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed:
             for dev in classes:
                 per_type[dev.key] = per_type.get(dev.key, 0) + 1
             devs = list({dev.key: dev for dev in classes}.values())
-            placed[(n_nodes, width, pp)] = (stage_nodes, devs, tuple(sorted(per_type.items())))
+            placed[(n_nodes, width, pp)] = (stage_nodes, devs, tuple(sorted(per_type.items())), classes)
     if placed[(n_nodes, width, pp)] is None:
         return None
-    stage_nodes, devs, per_type = placed[(n_nodes, width, pp)]
-    return stage_nodes, dp, training.global_batch // (b * dp), devs, per_type
+    stage_nodes, devs, per_type, classes = placed[(n_nodes, width, pp)]
+    return stage_nodes, dp, training.global_batch // (b * dp), devs, per_type, classes
 
 
 def _least_bottleneck(per_type: tuple[tuple[str, int], ...], cost: dict[str, float], decoders: int) -> float:
@@ -161,7 +161,7 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
     pipeline takes at least A + (m - 1)·C. When the A / pp term alone reaches `cutoff_s`, that
     weaker bound is returned (the grid is pruned either way)."""
     _, tp, cp, pp, b, recompute = grid
-    _, _, m, devs, per_type = placement
+    _, _, m, devs, per_type, _ = placement
     key = (tuple(dev.key for dev in devs), tp, cp, b, recompute)
     if key not in work:
         per_dev = {}
@@ -193,8 +193,7 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
     shape = StageShape(tp, cp, 1, 1, recompute)
     ctx = OptionContext(model, training, b, dp, dp, cluster.single_node)
     positions = []
-    for _, group in stage_nodes:
-        dev = device_class_of(group)
+    for (_, group), dev in zip(stage_nodes, placement[5]):
         key = (dev.key, shape, b, dp)
         if key not in options:
             options[key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx)
