@@ -361,3 +361,28 @@ def test_a_looser_queue_bound_finds_the_same_chains(monkeypatch: pytest.MonkeyPa
     tight = chains()
     monkeypatch.setattr(fg, "fluid_bounds", lambda *args: cb.fluid_bounds(*args) * 0.5)
     assert chains() == tight and len(tight) > 1
+
+
+# Llama-2 70B at 64k tokens on six GPU types (`many_types.py --seed 22` pool 24): no pipeline of
+# two runs holds it; the fastest chain runs through five types, in none of the three orders tried
+# beyond four classes (file order, memory descending and ascending) but one swap away
+SIX_TYPE = "nodes:\n" + "".join(f"  - {{gpu: {g}, nodes: {n}, gpus_per_node: {k}}}\n" for g, n, k in (
+    ("V100-SXM2-32GB", 8, 1), ("H100-SXM5-80GB", 4, 1), ("H200-SXM-141GB", 2, 1), ("A100-SXM4-80GB", 1, 8),
+    ("T4", 4, 8), ("RTX-4090", 8, 4)))
+
+
+def test_without_a_cutoff_neighbouring_runs_are_swapped(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "six.yaml"
+    path.write_text(SIX_TYPE)
+    cluster = load_cluster(path)
+    model = get_model("llama2-70b")
+    training = TrainingSpec(global_batch=16, seq_len=65536, micro_batches=(1,))
+    cost = AnalyticCostModel()
+    plan, pred = best_flagscale_plan(model, cluster, training, cost, [1], grid=False)
+    assert violations(plan, cluster, cost) == []
+    assert len(dict.fromkeys(s.gpu for s in plan.pipelines[0].stages)) >= 5
+    orders = fg._orders
+    monkeypatch.setattr(fg, "_orders", lambda meshes, classes, capacity, swaps=False: orders(meshes, classes,
+                                                                                              capacity))
+    unswapped = best_flagscale_plan(model, cluster, training, cost, [1], grid=False)
+    assert unswapped is not None and pred.step_s < unswapped[1].step_s * (1 - 0.05)

@@ -12,7 +12,8 @@ Space searched, per microbatch size b, cp, recompute mode and replica count R: e
 is unused or one run of p stages of one width w (GPUs per stage per replica; the partition DP picks
 each stage's (tp, stage dp) among the shapes of that width, so one class may hold several meshes),
 with R·w·p GPUs of the class at most; runs in every order of the classes used (at most
-`_PERMUTE_UPTO` classes; beyond that file order and memory order). Each run sequence's layer split is
+`_PERMUTE_UPTO` classes; beyond that file order and memory order, and with no cutoff each of
+those with two neighbouring runs swapped). Each run sequence's layer split is
 solved exactly (`solvers.partition.split_frontier`, memory per position). Run sequences are visited
 best-first by lower bounds (fluid, then integral layers plus the least largest tail any split can
 have, then the DP without tail caps), so the result
@@ -184,14 +185,25 @@ def _choices(widths: list[list[MeshWidth]], classes: list[ResourceClass], g: _Gr
 
 
 def _orders(meshes: list[tuple[MeshWidth, int]], classes: list[ResourceClass],
-            capacity: dict[int, float]) -> list[tuple[tuple[MeshWidth, int], ...]]:
-    """Run orders tried: all when few classes, else file order and largest / smallest memory first."""
+            capacity: dict[int, float], swaps: bool = False) -> list[tuple[tuple[MeshWidth, int], ...]]:
+    """Run orders tried: all up to `_PERMUTE_UPTO` classes, else file order and largest / smallest
+    memory first, and with `swaps` also each of those with two neighbouring runs swapped.
+
+    `flagscale_plans` asks for the swaps where there is no plan to beat (no cutoff: every chain is
+    searched, its DP cap the larger `_MAX_DP`). Llama-2 70B at 64k tokens on 86 GPUs of six types
+    (`many_types.py --seed 22` pool 24), where no pipeline of two runs fits: its best chain of
+    five runs, RTX-4090 -> T4 -> A100 -> H100 -> H200, is smallest memory first with the first
+    two swapped. Every order of up to six classes finds the same chain, but its 720 orders a
+    combination used up the DP cap on a seven-type pool before the first chain that fits
+    (`tests/test_beyond_coverage.py`)."""
     base = tuple(sorted(meshes, key=lambda x: x[0].cls))
     if len(base) <= _PERMUTE_UPTO:
         return list(itertools.permutations(base))
     by_mem = tuple(sorted(base, key=lambda x: (-capacity[x[0].cls], x[0].cls)))
     out = [base, by_mem, tuple(reversed(by_mem))]
-    return [o for i, o in enumerate(out) if o not in out[:i]]
+    if swaps:
+        out += [o[:i] + (o[i + 1], o[i]) + o[i + 2:] for o in out[:3] for i in range(len(o) - 1)]
+    return list(dict.fromkeys(out))
 
 
 def _masked(opts: StageOptions) -> StageOptions:
@@ -280,6 +292,7 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     n_dec, single = model.num_layers, cluster.single_node
     overhead = cost.knobs.step_overhead_s
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
+    swaps = not math.isfinite(cutoff_s)  # nothing to beat: more run orders (`_orders`)
     groups = _groups(model, training, classes, sizes)
     width_memo: dict = {}
     grids: list[tuple[list[list[tuple[MeshWidth | None, int]]], tuple[int, ...]]] = []
@@ -381,7 +394,7 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
             if lb1 < incumbent():
                 heapq.heappush(heap, (lb1, (gi, flat, -1), 1, payload))
         elif level == 1:  # every run order: DP without tail caps gives a plan and a tighter bound
-            orders = _orders(payload, classes, capacity)
+            orders = _orders(payload, classes, capacity, swaps)
             for oi, (order, (front, e_min)) in enumerate(zip(orders, frontiers(gi, orders))):
                 dp_runs += 1
                 if not front:
