@@ -60,14 +60,15 @@ def test_no_plan_of_the_coverage_is_not_fits_nowhere() -> None:
     fits nowhere. Every mesh chain is searched then: the best runs 89.3 s on 184 GPUs with
     selective recompute in every stage; re-split with each stage's shape free (`chain_resplit`:
     full recompute on the T4 and A100 stages) it runs 69.6 s, and the best re-split of the chains
-    kept 67.4 s. Its bound is the fluid one, valid for every plan (the coverage has none to
-    bound), and the explanation says so."""
+    kept 66.4 s (24 kept with no plan to beat; 8 kept gave 67.8 s once more run orders were
+    tried). Its bound is the fluid one, valid for every plan (the coverage has none to bound),
+    and the explanation says so."""
     cluster = _seven_types()
     res = search(get_model("llama2-70b"), cluster, TrainingSpec(global_batch=128, seq_len=8192), cost=COST,
                  workers=2)
     _checked(res, cluster)
     assert res.stats["chain_added"] == 1 and res.coverage_bound_s is None
-    assert res.prediction.step_s < 0.76 * 89.3  # the best chain as FlagScale runs it: 89.3 s
+    assert res.prediction.step_s < 67.0  # the best chain as FlagScale runs it: 89.3 s
     assert {s.recompute for s in res.plan.pipelines[0].stages} != {"selective"}
     assert 0 < res.lower_bound_s < res.prediction.step_s and res.gap > 0
     assert any(line.startswith("no plan of the covered space") for line in res.explanation)

@@ -5,6 +5,8 @@ search optimises exactly what the evaluator reports.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,6 +87,29 @@ def stage_memory_bytes(table: LayerTable, sums: StageSums, first: int, last: int
     acts = sums.act_bytes(first, last) * in_flight
     work = float(np.max(table.work_bytes[first:last + 1])) if last >= first else 0.0
     return states + acts + work
+
+
+def most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capacity: float) -> int:
+    """Largest k such that some run of k decoder layers (slots 1..n_dec) fits `capacity` with one
+    microbatch in flight (`stage_memory_bytes`). A longer run contains a shorter one and needs at
+    least its memory, so this is the longest run that fits: every run (first, last) at once, its
+    fixed bytes plus its largest working buffer (a 40x40 table, a few array operations instead of
+    one pass per length)."""
+    fixed = table.params_per_gpu[1:n_dec + 1] * bytes_per_param + table.act_bytes[1:n_dec + 1]
+    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
+    cum = np.concatenate([[0.0], np.cumsum(fixed)])
+    first, last = _runs(n_dec)
+    runs = np.full((n_dec, n_dec), -math.inf)
+    runs[first, last] = work[last]
+    largest = np.maximum.accumulate(runs, axis=1)[first, last]  # largest buffer of layers first..last
+    fits = cum[last + 1] - cum[first] + largest <= capacity
+    return int((last - first + 1)[fits].max()) if fits.any() else 0
+
+
+@functools.lru_cache(maxsize=16)
+def _runs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) of every run of n layers, first <= last."""
+    return np.triu_indices(n)
 
 
 def in_flight(schedule: str, num_stages: int, stage: int, microbatches: int) -> int:

@@ -31,7 +31,7 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
-from planner.search.bounds import fluid_bound_s, fluid_work
+from planner.search.bounds import fluid_bound_s, fluid_work, memory_bound_s, shape_limits
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.explain import alternatives_of, explain, outside_coverage
@@ -130,12 +130,17 @@ def micro_batch_sizes(training: TrainingSpec) -> list[int]:
 
 def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
            micro_batch: int, cross_node: bool = False) -> float:
-    """The fluid bound on the step (`bounds`) at this microbatch size, over every costable shape."""
+    """A bound on the step of every plan at this microbatch size, over every costable shape: the
+    fluid bound or, where larger, the memory bound (`bounds`; inf where no plan fits), plus the
+    step overhead."""
     shapes = [(rc.index, shape) for rc in classes
               for shape in costable_shapes(cost, model, training, rc, micro_batch, cross_node)]
     work = fluid_work(cost, model, training, classes, shapes, micro_batch)
     gpus = np.array([rc.gpus for rc in classes], dtype=float)
-    return fluid_bound_s(work, gpus, training.global_batch // micro_batch) + cost.knobs.step_overhead_s
+    microbatches = training.global_batch // micro_batch
+    memory = memory_bound_s(shape_limits(cost, model, training, classes, shapes, micro_batch), gpus,
+                            model.num_layers, microbatches)
+    return max(fluid_bound_s(work, gpus, microbatches), memory) + cost.knobs.step_overhead_s
 
 
 _P = ParamSpec("_P")
@@ -392,7 +397,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     if not bounds:
         explanation.append(f"no plan of the covered space ({coverage}) fits: this plan lies outside it, and the "
                            "lower bound is the fluid one (every layer's work spread over every GPU at its best "
-                           "efficiency), valid for every plan")
+                           "efficiency; where larger, what each stage's memory lets it hold), valid for every plan")
     if explored["stopped_at_gap"]:
         explanation.append(f"the search stopped once the gap was within stop_gap ({stop_gap:.2%}): the plan polish, "
                            "further refinement and the mesh chains run only to close the gap were skipped, so a "

@@ -28,7 +28,6 @@ is added as a candidate.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import math
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.costmodel import stage as st
-from planner.costmodel.base import CostModel, LayerTable, Shard
+from planner.costmodel.base import CostModel, Shard
 from planner.emit.flagscale import hetero_section
 from planner.errors import HetplanError
 from planner.evaluate import evaluate
@@ -68,7 +67,12 @@ from solvers.uniform_layers import UniformView, uniform_view
 _PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
 _COMBO_LIMIT = 100_000  # most run combinations per (b, cp, recompute, R) before stage counts are thinned
 _MAX_DP = 3000  # most partition-DP runs (a deterministic cap; hitting it adds the Megatron grid)
-_KEEP = 8  # candidates kept for the final validation
+_KEEP = 8  # candidates kept for the final validation (and the chain candidate's re-splits)
+# ... where there is no plan to beat: then the chains are the only plans, and which of them
+# re-splits fastest (`chain_resplit`) their own steps do not tell. Llama-2 70B at 8,192 tokens on
+# 206 GPUs of seven types (`many_types.py --seed 2` pool 17): 66.42 s with 24 kept, 67.82 s with
+# 8 (and 16), in 7.6 s of search against 4.7 s
+_KEEP_ALL = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,28 +84,6 @@ class _Group:
     recompute: str
     replicas: int
     microbatches: int
-
-
-def _most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capacity: float) -> int:
-    """Largest k such that some run of k decoder layers fits with one microbatch in flight. A
-    longer run contains a shorter one and needs at least its memory, so this is the longest run
-    that fits: every run (first, last) at once, its fixed bytes plus its largest working buffer
-    (a 40x40 table, a few array operations instead of one pass per length)."""
-    fixed = table.params_per_gpu[1:n_dec + 1] * bytes_per_param + table.act_bytes[1:n_dec + 1]
-    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
-    cum = np.concatenate([[0.0], np.cumsum(fixed)])
-    first, last = _runs(n_dec)
-    runs = np.full((n_dec, n_dec), -math.inf)
-    runs[first, last] = work[last]
-    largest = np.maximum.accumulate(runs, axis=1)[first, last]  # largest buffer of layers first..last
-    fits = cum[last + 1] - cum[first] + largest <= capacity
-    return int((last - first + 1)[fits].max()) if fits.any() else 0
-
-
-@functools.lru_cache(maxsize=16)
-def _runs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(first, last) of every run of n layers, first <= last."""
-    return np.triu_indices(n)
 
 
 def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass, g: _Group,
@@ -133,7 +115,7 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
         bpp = st.bytes_per_param(training.zero, st.weight_copies(g.replicas, shape.dp, shape.cp, 1))
         fit = (key, shape, bpp)
         if fit not in memo:
-            memo[fit] = _most_decoders(table, n_dec, bpp, capacity)
+            memo[fit] = st.most_decoders(table, n_dec, bpp, capacity)
         by_width.setdefault(shape.gpus, []).append((shape, dec, recv, memo[fit]))
     out = []
     for width, rows in sorted(by_width.items()):
@@ -285,14 +267,16 @@ def best_flagscale_plan(model: ModelSpec, cluster: ClusterSpec, training: Traini
 def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cost: CostModel,
                     sizes: list[int], cutoff_s: float = math.inf, max_dp: int = _MAX_DP
                     ) -> tuple[list[tuple[Plan, Prediction] | None], bool]:
-    """The chains `best_flagscale_plan` keeps (the `_KEEP` fastest found, fastest first), each
+    """The chains `best_flagscale_plan` keeps (the `_KEEP` fastest found, `_KEEP_ALL` without a
+    cutoff, fastest first), each
     placed and evaluated (None where the validator refuses it), and whether a cap was hit (then
     the best chain of the space may be missing). 1F1B only; FlagScale's emitter is not asked."""
     classes = resource_classes(cluster)
     n_dec, single = model.num_layers, cluster.single_node
     overhead = cost.knobs.step_overhead_s
     capacity = {rc.index: float(st.memory_capacity_bytes(cost.knobs, rc.dev)) for rc in classes}
-    swaps = not math.isfinite(cutoff_s)  # nothing to beat: more run orders (`_orders`)
+    swaps = not math.isfinite(cutoff_s)  # nothing to beat: more run orders (`_orders`), more chains kept
+    most_kept = _KEEP_ALL if swaps else _KEEP
     groups = _groups(model, training, classes, sizes)
     width_memo: dict = {}
     grids: list[tuple[list[list[tuple[MeshWidth | None, int]]], tuple[int, ...]]] = []
@@ -325,7 +309,7 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     def record(value: float, tie: tuple[int, int, int], order: tuple, split: Split) -> None:
         cands.append((value, tie, order, split))
         cands.sort(key=lambda c: (c[0], c[1]))
-        del cands[_KEEP:]
+        del cands[most_kept:]
 
     def options_of(gi: int, w: MeshWidth) -> StageOptions:
         key = (gi, id(w))
