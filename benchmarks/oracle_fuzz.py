@@ -12,8 +12,9 @@ enumeration stays small, with the exact coverage forced, and `check` lists what 
 the validator rejects or whose step the evaluator does not reproduce, a plan faster than the oracle's optimum (the oracle would be wrong), a plan slower than
 it on the exact coverage, a stop-gap plan more than `STOP_GAP` slower than an optimum its
 coverage holds, a bound above the optimum where the optimum's plan lies in the coverage
-(`in_coverage`), a disagreement on whether any plan fits, or `fit_proof.fits_nowhere` proving
-that nothing fits where the oracle has a plan. The last line counts instances, problems,
+(`in_coverage`), a disagreement on whether any plan fits, `fit_proof.fits_nowhere` proving
+that nothing fits where the oracle has a plan, or the bound every plan of a microbatch size takes
+(the fluid or memory bound, `api._fluid`) above the optimum at that size. The last line counts instances, problems,
 how often the default search returned the optimum itself, and its coverages.
 `tests/test_search_bruteforce.py` runs a few seeded draws.
 """
@@ -21,6 +22,7 @@ how often the default search returned the optimum itself, and its coverages.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -37,7 +39,7 @@ from planner.costmodel.base import device_class_of
 from planner.errors import InfeasibleError
 from planner.evaluate import evaluate
 from planner.search import search
-from planner.search.api import micro_batch_sizes
+from planner.search.api import _fluid, micro_batch_sizes
 from planner.search.fit_proof import fits_nowhere
 from planner.search.space import block_types, costable_shapes, resource_classes
 from planner.search.units import coverage_rank
@@ -137,6 +139,20 @@ def proves_nothing_fits(inst: Instance) -> bool:
     return fits_nowhere(COST, inst.model, inst.training, classes, sets, inst.cluster.single_node)
 
 
+def pool_bound_problems(inst: Instance) -> list[str]:
+    """The bound every plan of a microbatch size takes (`api._fluid`: the fluid bound or, where
+    larger, the memory bounds of `solvers.memory_bound`) against the oracle's optimum at that size."""
+    classes = resource_classes(inst.cluster)
+    out = []
+    for b in micro_batch_sizes(inst.training):
+        bound = _fluid(COST, inst.model, inst.training, classes, b, inst.cluster.allow_cross_node_tp)
+        at_b = brute_force(inst.model, inst.cluster, inst.training.model_copy(update={"micro_batches": (b,)}), COST)
+        optimum = math.inf if at_b is None else at_b.step_s
+        if bound > optimum * (1 + REL):
+            out.append(f"pool bound {bound:.9f} s above the optimum {optimum:.9f} s at microbatch {b}")
+    return out
+
+
 def check(inst: Instance) -> Outcome:
     """Search `inst` (default, and exact where small) and compare with the oracle."""
     found = brute_force(inst.model, inst.cluster, inst.training, COST)
@@ -146,6 +162,7 @@ def check(inst: Instance) -> Outcome:
         broken = violations(plan, inst.cluster, COST)
         if broken or abs(evaluate(plan, inst.cluster, COST).step_s - found.step_s) > REL * found.step_s:
             problems.append(f"oracle plan invalid or mis-scored: {broken[:1]}")
+    problems += pool_bound_problems(inst)
     proven = proves_nothing_fits(inst)
     if proven and found is not None:
         problems.append(f"the fit proof says no plan fits, but the oracle has {found.step_s:.6f} s")

@@ -3,11 +3,11 @@ microbatch size. The fluid bound (`planner.search.bounds`) spreads every layer's
 GPU and ignores memory; where a 70B model at 64k tokens fits only a few layers on each small GPU,
 that left a 282 % gap on a plan of one long pipeline. These add what memory implies.
 
-Inputs are plain arrays, one entry per stage-group shape s (a GPU class, a tp/cp/hp/dp/recompute
-choice): `cls` its GPU class, `size` its GPUs, `t` the least forward plus backward time of one
-decoder layer per microbatch on it, `d` the most decoder layers it can hold with one microbatch in
-flight (a stage holds at least one); `class_gpus` the GPUs per class; `n_dec` decoder layers; `m`
-the microbatches of the global batch (M). A stage of shape s holding x decoders has F+B >= x·t and
+Inputs are plain arrays: per stage-group shape s (a GPU class, a tp/cp/hp/dp/recompute choice;
+`ShapeLimits`) its GPU class, its GPUs (`size`), `t` the least forward plus backward time of one
+decoder layer per microbatch on it and `d` the most decoder layers it can hold with one
+microbatch in flight (a stage holds at least one); `class_gpus` the GPUs per class (N_k); `n_dec`
+decoder layers; `m` the microbatches of the global batch (M). A stage of shape s holding x decoders has F+B >= x·t and
 x <= d, and uses `size` GPUs of its class, which no other stage uses.
 
 * Capped fluid (`capped_fluid_s`): a stage runs each layer it holds for the microbatches of its
@@ -36,6 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 MARGIN = 1e-9  # bounds are shrunk by this much (relative) against rounding
+# stage capacities under a time are taken this much (relative) larger: C / t rounds below d at
+# C = d·t (one RTX-3090 holding all three layers of an `oracle_fuzz.py --seed 61` draw was
+# judged not to fit), and larger capacities only lower the bounds
+ROOM = 1 + 1e-9
 GRID_RATIO = 1.01  # C grid step of `one_pipeline_s`: its bound loses at most this factor on the (M - 1)·C term
 _GOLDEN = (math.sqrt(5) - 1) / 2
 
@@ -81,7 +85,7 @@ def capped_fluid_s(lim: ShapeLimits, class_gpus: np.ndarray, n_dec: int, m: int)
     need = n_dec * m
 
     def supply(time_s: float) -> float:
-        per_gpu = _class_max(lim.cls, np.minimum(time_s / lim.t, lim.d * m) / lim.size, len(class_gpus))
+        per_gpu = _class_max(lim.cls, np.minimum(time_s * ROOM / lim.t, lim.d * m) / lim.size, len(class_gpus))
         return float(np.dot(class_gpus, per_gpu))
 
     if not len(lim.t) or supply(math.inf) < need:
@@ -137,7 +141,8 @@ def _class_max(cls: np.ndarray, values: np.ndarray, n_classes: int) -> np.ndarra
 
 def _capacity(lim: ShapeLimits, class_gpus: np.ndarray, c: float) -> float:
     """Decoders the pool's stages can hold with every stage's F+B at most c (fractional groups)."""
-    return float(np.dot(class_gpus, _class_max(lim.cls, np.minimum(lim.d, c / lim.t) / lim.size, len(class_gpus))))
+    per_gpu = _class_max(lim.cls, np.minimum(lim.d, c * ROOM / lim.t) / lim.size, len(class_gpus))
+    return float(np.dot(class_gpus, per_gpu))
 
 
 def _least_fill(lim: ShapeLimits, class_gpus: np.ndarray, n_dec: int, grid: np.ndarray) -> np.ndarray:
@@ -150,7 +155,7 @@ def _least_fill(lim: ShapeLimits, class_gpus: np.ndarray, n_dec: int, grid: np.n
     is at most A*(C) (weak duality): lam is found by golden-section search, per C at once, and
     the best g evaluated is kept."""
     n_classes = len(class_gpus)
-    r = np.minimum(lim.d[None, :], grid[:, None] / lim.t[None, :]) / lim.size[None, :]  # (G, S)
+    r = np.minimum(lim.d[None, :], grid[:, None] * ROOM / lim.t[None, :]) / lim.size[None, :]  # (G, S)
     feasible = np.dot(_class_max(lim.cls, r, n_classes), class_gpus) >= n_dec
 
     def g(lam: np.ndarray) -> np.ndarray:

@@ -80,6 +80,19 @@ def test_no_plan_of_one_or_two_pipelines_beats_the_bounds(seed: int) -> None:
         assert most_copies(lim, gpus, n_dec) >= 2
 
 
+def test_a_stage_holding_exactly_its_most_decoders_counts() -> None:
+    """One GPU holding all of the model's d decoders: its one plan runs them in one stage, d·t
+    per microbatch, d·t·m in all. At C = d·t, C / t can round below d; taken as "does not fit",
+    that plan's bound was inf (an `oracle_fuzz.py --seed 61` draw: one RTX-3090, three layers)."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        t, d, m = float(rng.uniform(0.01, 5.0)), int(rng.integers(1, 9)), int(rng.integers(1, 9))
+        lim = ShapeLimits.of(np.array([0]), np.array([1.0]), np.array([t]), np.array([float(d)]))
+        for bound in (one_pipeline_s(lim, np.array([1.0]), d, m), capped_fluid_s(lim, np.array([1.0]), d, m)):
+            assert bound <= d * t * m * (1 + 1e-9)
+            assert bound >= d * t * m * (1 - 0.011)  # the C grid's ratio, 1.01
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_the_least_fill_is_the_lp_optimum(seed: int) -> None:
     """`_least_fill` (the dual, searched) against HiGHS on the primal LP A*(C): never above it and
