@@ -371,3 +371,25 @@ def test_zero_refinement_checks_memory_for_the_units_pipelines() -> None:
     res = search(model, cluster, training, cost=COST)
     assert 51.5 < res.lower_bound_s <= res.prediction.step_s and res.gap <= 0.02
 
+
+
+def test_a_unit_whose_refined_groups_hold_no_split_holds_no_plan() -> None:
+    """ZeRO-3, a 8,192-wide model on 2 V100-32 + 4 V100-16 (`oracle_fuzz.py --seed 61` draw
+    1,412): the bound templates assume optimizer states sharded over the search's most pipelines;
+    refined with memory for one pipeline, no group of the one-pipeline unit has any split, so the
+    refined template set is empty. The LP had been asked about no template and crashed; the unit
+    now holds no plan, and the search ends with a valid plan and bound."""
+    from planner.evaluate import evaluate
+    from planner.validate import violations
+
+    model = ModelSpec(name="fuzz-model", num_layers=4, hidden=8192, ffn_hidden=32768, num_heads=8, num_kv_heads=1,
+                      vocab=32000, seq_len=2048, activation="swiglu", norm="rmsnorm", learned_positions=False)
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="V100-SXM2-32GB", nodes=2, gpus_per_node=1),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=1, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=2, seq_len=2048, zero=3, recompute=("selective",), max_tp=1, max_cp=1,
+                            max_hp=1, max_stage_dp=1, micro_batches=(1, 2))
+    cost = AnalyticCostModel()
+    result = search(model, cluster, training, cost=cost, exact_limit=0, stop_gap=0.05)
+    assert not violations(result.plan, cluster, cost)
+    assert evaluate(result.plan, cluster, cost).step_s == pytest.approx(result.prediction.step_s, rel=1e-9)
+    assert 0 < result.lower_bound_s <= result.prediction.step_s

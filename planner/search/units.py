@@ -291,6 +291,12 @@ def refine_unit(su: SolvedUnit, ctx: UnitContext, incumbent_s: float, deadline: 
         if replaced is None:
             break
         lb_set = replaced
+        if not len(lb_set):
+            # no group the unit's bound leaned on has a split in memory for this class's pipelines
+            # (optimizer states sharded over fewer replicas than the search-wide templates
+            # assumed), and no other group is left: the unit holds no plan at all
+            su.bound_s, su.lb_set = max(su.bound_s, incumbent_s), lb_set
+            break
         unit = SolverStats()
         problem = problem_of(lb_set, ctx.avail, u.microbatches, (u.lo, u.hi))
         lb = solve_assignment_lp(problem, unit, incumbent_s=incumbent_s - overhead, deadline=deadline,
