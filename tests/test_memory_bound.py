@@ -167,3 +167,5 @@ def test_a_pool_only_long_chains_fit_gets_the_memory_bound() -> None:
     assert result.lower_bound_s == pytest.approx(min(_fluid(COST, model, training, classes, b)
                                                      for b in micro_batch_sizes(training)), rel=1e-12)
     assert 200 < result.lower_bound_s <= result.prediction.step_s
+    idle = [line for line in result.explanation if line.startswith("idle:")]
+    assert idle and all("no mesh chain or Megatron grid searched that also uses them" in line for line in idle)

@@ -392,7 +392,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         idle[g] -= n
     idle = {g: n for g, n in idle.items() if n}
     coverage = min(coverages, key=coverage_rank) if coverages else "exact"
-    explanation = explain(plan, pred, idle, coverage)
+    explanation = explain(plan, pred, idle, coverage, engines_only=not bounds)
     explanation += outside_coverage(plan, coverage) if bounds else []
     if not bounds:
         explanation.append(f"no plan of the covered space ({coverage}) fits: this plan lies outside it, and the "

@@ -51,16 +51,21 @@ def outside_coverage(plan: Plan, coverage: str) -> list[str]:
     return out
 
 
-def explain(plan: Plan, pred: Prediction, idle: dict[str, int], coverage: str) -> list[str]:
+def explain(plan: Plan, pred: Prediction, idle: dict[str, int], coverage: str,
+            engines_only: bool = False) -> list[str]:
     """Bottleneck, memory headroom per stage, and why GPUs are idle: no plan of the searched space
-    (`coverage`) that uses them is faster; a time limit or a narrower coverage leaves that open."""
+    (`coverage`) that uses them is faster; a time limit or a narrower coverage leaves that open.
+    `engines_only`: no plan of the coverage fits and the plan is an engine candidate's (a mesh chain
+    or a Megatron grid, `api.search`), so those searched are what the idle GPUs are weighed against."""
     lines = [f"bottleneck: {pred.bottleneck}"]
     for sp in pred.per_stage:
         head = sp.memory_capacity_bytes - sp.memory_bytes
         lines.append(f"pipeline {sp.pipeline} stage {sp.stage} ({sp.gpu}): memory headroom "
                      f"{head / 2**30:.1f} GiB of {sp.memory_capacity_bytes / 2**30:.1f} GiB")
+    against = (f"no plan of the searched space ({coverage}) fits, and no mesh chain or Megatron grid searched "
+               "that also uses them is faster" if engines_only else
+               f"no plan of the searched space ({coverage}) that also uses them is faster")
     for gpu, n in sorted(idle.items()):
-        lines.append(f"idle: {n} x {gpu} - no plan of the searched space ({coverage}) that also uses them is "
-                     "faster under the cost model (they would lengthen gradient sync or could not take a "
-                     "balanced share of the batch)")
+        lines.append(f"idle: {n} x {gpu} - {against} under the cost model (they would lengthen gradient sync or "
+                     "could not take a balanced share of the batch)")
     return lines
