@@ -145,3 +145,24 @@ def test_random_instances_match_the_oracle(k: int) -> None:
     out = check(inst)
     assert not out.problems, f"{inst.describe()}: {out.problems}"
     assert (out.optimum_s is None) == (out.default_s is None)
+
+
+def test_the_descent_reaches_a_template_within_the_caps_slack() -> None:
+    """`oracle_fuzz.py --seed 62` draw 1,441: A100-80 -> A100-80 runs its two microbatches 2.9 us
+    (5e-4) faster than A100-80 -> A100-40, with the same tail. The least-time descent stepped one
+    float below the current time, where the slower copy still counted as holding both (`_caps`'
+    slack), got it back from the feasibility check and stopped: the exact search returned the
+    slower plan and a bound above the optimum."""
+    model = ModelSpec(name="fuzz-model", num_layers=5, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=4,
+                      vocab=4096, seq_len=512, activation="gelu", norm="layernorm", learned_positions=True)
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=2, gpus_per_node=1),
+                                 NodeGroup(gpu="V100-SXM2-16GB", nodes=1, gpus_per_node=1),
+                                 NodeGroup(gpu="A100-SXM4-40GB", nodes=1, gpus_per_node=1)])
+    training = TrainingSpec(global_batch=4, seq_len=512, recompute=("selective",), max_tp=4, max_cp=2, max_hp=2,
+                            max_stage_dp=1)
+    cost = AnalyticCostModel()
+    found = brute_force(model, cluster, training, cost)
+    result = search(model, cluster, training, cost=cost)
+    assert result.coverage == "exact"
+    assert result.prediction.step_s == pytest.approx(found.step_s, rel=1e-9)
+    assert result.lower_bound_s <= found.step_s * (1 + 1e-9)
