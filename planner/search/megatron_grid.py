@@ -96,10 +96,11 @@ def _ranks(cluster: ClusterSpec, n_nodes: int) -> list[tuple[str, int]]:
 def _placement(training: TrainingSpec, cluster: ClusterSpec, grid: Grid, placed: dict,
                gpus_upto: list[int]) -> tuple | None:
     """(stages on nodes, dp, microbatches per pipeline, the stages' distinct device classes, stages
-    per device key, each stage's device class) of the grid, or None when the global batch or the GPU count does not divide, or
-    Megatron's rank order cannot place it. `placed`: `_stages_on_nodes` and its device classes by (nodes, tp*cp, pp), shared
-    across grids (microbatch sizes and recompute modes repeat a placement); `gpus_upto[k]`: GPUs of
-    the first k nodes."""
+    per device key, each stage's device class) of the grid, or None when the global batch or the
+    GPU count does not divide, or Megatron's rank order cannot place it. `placed`:
+    `_stages_on_nodes` and its device classes by (nodes, tp*cp, pp), shared across grids
+    (microbatch sizes and recompute modes repeat a placement); `gpus_upto[k]`: GPUs of the first
+    k nodes."""
     n_nodes, tp, cp, pp, b, _ = grid
     gpus = gpus_upto[n_nodes]
     width = tp * cp
