@@ -215,8 +215,6 @@ def pipeline_time_bound(p: AssignProblem, stats: SolverStats | None = None, rel_
     (no `joinable`) and the lower limit on pipelines is left out (no `count_floor`), so that
     bound only falls as the replica class rises."""
     stats = stats or SolverStats()
-    if not len(p.e_s):
-        return None  # no template: no plan
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)
     return _lp_time(p, lp, np.ones(len(p.a_s), dtype=bool), None, rel_tol, floor)
@@ -241,8 +239,6 @@ def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
     with the limit, `many_types.py --seed 2` pool 25 polished a five-pipeline unit from other
     groups and ended 0.37 % slower, gap 1.56 %)."""
     stats = stats or SolverStats()
-    if not len(p.e_s):
-        return None  # no template: no plan
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats,
                      p.replicas[0] if fewest else 0)
