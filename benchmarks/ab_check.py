@@ -3,6 +3,7 @@ whether every answer is the same.
 
     python benchmarks/ab_check.py BASE [--pools ladder:16,32,64 chain:33:20 many:16:24]
                                   [--rounds 2] [--workers 2] [--max-gpus 128] [--time-limit 120]
+                                  [--stop-gap G]
 
 BASE is a commit (checked out into a temporary git worktree, removed afterwards) or the path of
 another checkout; the version measured against it is this checkout. Pools: `ladder:G,G,...` (the
@@ -15,7 +16,8 @@ whose answer differs between rounds is flagged (the search is deterministic). Th
 the pools whose answers are identical, those where this checkout's step is faster or slower, those
 where a run crashed (never counted identical), the gaps above 2 %, and the seconds in all (of
 the pools both answered). On a busy 2-core machine a pool's time varies by 10-30 % from run to
-run: compare totals over many pools, not one pool."""
+run: compare totals over many pools, not one pool. `--stop-gap G` passes `stop_gap` to both versions'
+searches."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 kind, a, b, workers, max_gpus, limit = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), \
     int(sys.argv[6]), float(sys.argv[7])
+extra = {} if sys.argv[8] == "none" else {"stop_gap": float(sys.argv[8])}
 import planner
 if Path(sys.argv[1]).resolve() not in Path(planner.__file__).resolve().parents:
     sys.exit(f"planner came from {planner.__file__}, not from {sys.argv[1]}")
@@ -66,7 +69,7 @@ if cluster.num_gpus > max_gpus:
     sys.exit()
 start = time.perf_counter()
 try:
-    res = api.search(model, cluster, training, cost=AnalyticCostModel(), time_limit=limit, workers=workers)
+    res = api.search(model, cluster, training, cost=AnalyticCostModel(), time_limit=limit, workers=workers, **extra)
 except HetplanError as exc:
     print(json.dumps({"answer": f"error: {exc}", "seconds": time.perf_counter() - start}))
     sys.exit()
@@ -92,11 +95,13 @@ def parse_pools(specs: list[str]) -> list[tuple[str, int, int]]:
     return pools
 
 
-def run_one(checkout: Path, pool: tuple[str, int, int], workers: int, max_gpus: int, limit: float) -> dict:
+def run_one(checkout: Path, pool: tuple[str, int, int], workers: int, max_gpus: int, limit: float,
+            stop_gap: float | None = None) -> dict:
     """One search of one pool in a fresh process of `checkout`: its answer and seconds, or a skip."""
     kind, a, b = pool
     done = subprocess.run([sys.executable, "-c", CHILD, str(checkout), kind, str(a), str(b), str(workers),
-                           str(max_gpus), str(limit)], capture_output=True, text=True, timeout=limit * 3 + 120)
+                           str(max_gpus), str(limit), "none" if stop_gap is None else repr(stop_gap)],
+                          capture_output=True, text=True, timeout=limit * 3 + 120)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -105,7 +110,7 @@ def run_one(checkout: Path, pool: tuple[str, int, int], workers: int, max_gpus: 
 
 
 def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: int, workers: int,
-            max_gpus: int, limit: float, out: TextIO = sys.stdout) -> dict[str, float]:
+            max_gpus: int, limit: float, out: TextIO = sys.stdout, stop_gap: float | None = None) -> dict[str, float]:
     """Run every pool `rounds` times on both checkouts, alternating; print a line per pool and the
     summary, and return the summary's numbers."""
     tally = {"pools": 0, "identical": 0, "faster": 0, "slower": 0, "other": 0, "crashed": 0, "unstable": 0,
@@ -115,7 +120,7 @@ def compare(pools: list[tuple[str, int, int]], base: Path, mine: Path, rounds: i
         for r in range(rounds):
             order = [("base", base), ("mine", mine)]
             for name, checkout in order if r % 2 == 0 else order[::-1]:
-                got[name].append(run_one(checkout, pool, workers, max_gpus, limit))
+                got[name].append(run_one(checkout, pool, workers, max_gpus, limit, stop_gap))
         if any("skip" in x for x in got["base"] + got["mine"]):
             continue
         tally["pools"] += 1
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-gpus", type=int, default=128)
     ap.add_argument("--time-limit", type=float, default=120.0)
+    ap.add_argument("--stop-gap", type=float, default=None, help="stop_gap for both versions' searches")
     args = ap.parse_args(argv)
     try:
         pools = parse_pools(args.pools)
@@ -168,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     if Path(args.base).is_dir():
         if not (Path(args.base) / "planner" / "search").is_dir():
             ap.error(f"base: '{args.base}' is a directory but not a hetplan checkout (no planner/search)")
-        compare(pools, Path(args.base).resolve(), ROOT, args.rounds, args.workers, args.max_gpus, args.time_limit)
+        compare(pools, Path(args.base).resolve(), ROOT, args.rounds, args.workers, args.max_gpus, args.time_limit,
+                stop_gap=args.stop_gap)
         return
     with tempfile.TemporaryDirectory(prefix="ab_check_") as tmp:
         tree = Path(tmp) / "base"
@@ -177,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
         if added.returncode != 0:
             ap.error(f"base: '{args.base}' is neither a directory nor a commit of this repository")
         try:
-            compare(pools, tree, ROOT, args.rounds, args.workers, args.max_gpus, args.time_limit)
+            compare(pools, tree, ROOT, args.rounds, args.workers, args.max_gpus, args.time_limit,
+                    stop_gap=args.stop_gap)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
 

@@ -424,6 +424,17 @@ def test_ab_check_finds_a_checkout_identical_to_itself(tmp_path: Path) -> None:
     assert out.getvalue().startswith("ladder:8:0  identical")
 
 
+def test_ab_check_passes_the_stop_gap_to_the_search() -> None:
+    """`--stop-gap G` reaches both versions' searches: on the 16-GPU ladder rung a 50 % stop gap
+    ends the search after the best-first units, with a lower bound than the full search's."""
+    from benchmarks.ab_check import ROOT, run_one
+
+    full = run_one(ROOT, ("ladder", 16, 0), 2, 128, 60.0)
+    stop = run_one(ROOT, ("ladder", 16, 0), 2, 128, 60.0, stop_gap=0.5)
+    assert stop["answer"][1] < full["answer"][1] <= full["answer"][0]
+    assert stop["answer"][0] <= stop["answer"][1] * 1.5
+
+
 @pytest.mark.parametrize("spec", ["ladder:x", "chain:33", "many:1:2:3", "pools:1"])
 def test_ab_check_rejects_malformed_pools_with_exit_2(spec: str, capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.ab_check import main

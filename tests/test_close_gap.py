@@ -4,6 +4,8 @@ unit is polished again only once refined since."""
 
 from __future__ import annotations
 
+import random
+
 from planner.costmodel.analytic import AnalyticCostModel
 from planner.search import search, unit_loop, units
 from planner.specs import ClusterSpec, NodeGroup, TrainingSpec
@@ -105,3 +107,59 @@ def test_a_time_limited_answer_is_never_slower_than_the_best_megatron_grid() -> 
         res = search(model, cluster, training, cost=COST, time_limit=1e-6, workers=workers)
         assert res.timed_out
         assert res.lower_bound_s <= res.prediction.step_s <= grid[1].step_s
+
+
+def _finish_batches(monkeypatch) -> list[list[tuple]]:
+    """What each `_finish_task` batch sent: ("engine",) or ("polish", unit index, lo, hi)."""
+    from planner.search import parallel
+
+    sent: list[list[tuple]] = []
+    run = parallel.UnitPool._map
+
+    def watched(self, fn, args):
+        if fn is parallel._finish_task:
+            sent.append([a[:1] if a[0] == "engine" else a[:4] for a in args])
+        return run(self, fn, args)
+
+    monkeypatch.setattr(parallel.UnitPool, "_map", watched)
+    return sent
+
+
+def test_a_stop_gap_search_takes_the_polish_it_speculated(monkeypatch) -> None:
+    """OPT-350M, global batch 16, on 2x4 RTX-4090 + 8 H100 + 2x2 V100-16GB (`chain_check.py
+    --seed 34` pool 5) with `stop_gap` 0.02: the polish batch speculated beside the engine
+    candidates is the one `finish` then asks for (same units, bounds and gap), so it is taken, not
+    run again. Speculated at `refine_gap` (0.015) rather than the 0.02 the polish then used, its
+    keys never matched and both units were polished twice. Units whose bound lies within the gap
+    of the best plan are not polished (pruned, as a MIP solver with a gap limit prunes nodes)."""
+    from benchmarks.chain_check import draw
+
+    rng = random.Random(34)
+    for _ in range(6):
+        _, model, cluster, training = draw(rng)
+    sent = _finish_batches(monkeypatch)
+    found = {}
+    for workers in (1, 2):
+        sent.clear()
+        res = search(model, cluster, training, cost=COST, workers=workers, stop_gap=0.02)
+        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent))
+    assert found[1][:3] == found[2][:3] and found[2][2]["units_polished"] > 0
+    polished = [task for batch in found[2][3] for task in batch if task[0] == "polish"]
+    assert len(polished) == len(set(polished))  # none twice
+    assert found[1][2]["stopped_at_gap"] == 1 and res.gap <= 0.02
+
+
+def test_a_stop_gap_search_does_not_polish_units_within_the_gap(monkeypatch) -> None:
+    """The Llama-2 7B pool above with `stop_gap` 0.02: the best-first units leave a gap of 0.2 %, so
+    no unit's bound is more than 2 % below the best plan and nothing is polished, not even beside
+    the engine candidates (before, one polish ran there and was dropped)."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
+                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
+                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=8, seq_len=2048)
+    sent = _finish_batches(monkeypatch)
+    for workers in (1, 2):
+        sent.clear()
+        res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers, stop_gap=0.02)
+        assert sent == [[("engine",), ("engine",)]] and res.stats["units_polished"] == 0
+        assert res.gap <= 0.02 and res.stats["stopped_at_gap"] == 1

@@ -215,8 +215,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
 
     `stop_gap` (None: off) ends the blocks coverage's search once the best plan is within that
     relative gap of the lower bound, as a MIP solver's gap limit does: units whose cheap bound is
-    within it of the best plan are only bounded, and once the gap is met the polish, refinement
-    and the mesh chains run only to close the gap are skipped (the Megatron grid, and the chains
+    within it of the best plan are only bounded (and units whose bound is, not polished), and
+    once the gap is met the polish, refinement and the mesh chains run only to close the gap are skipped (the Megatron grid, and the chains
     run for pipelines the coverage leaves out, still run: `unit_loop.close_gap`); the result's
     `stats["stopped_at_gap"]` and explanation say when it stopped early.
 

@@ -210,7 +210,7 @@ POLISH_SOFT_UNITS = 2  # ... otherwise
 
 
 def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPool, sizes: list[int],
-           polish: str | None, engines: list[str]) -> tuple[bool, dict[str, float]]:
+           polish: str | None, engines: list[str], prune: float = 1e-3) -> tuple[bool, dict[str, float]]:
     """The last phase: the plan polish (`polish` "auto" or "always"; None: none) and the engine
     candidates (`candidates.ENGINE_CANDIDATES` in `engines`), which run alongside its first batch.
 
@@ -239,6 +239,10 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     Where the best plan is more than `target` above a polished unit's bound the polish also
     searches whole copies (`units.polish_unit`), since rounding the LP's can miss them.
 
+    A unit is polished only while its bound is more than `prune` below the best plan (with
+    `stop_gap`, `close_gap` passes it here, as a branch-and-bound with a gap limit prunes nodes
+    within it of the incumbent).
+
     Returns whether the deadline stopped the polish before every such unit was polished, and the
     seconds each engine candidate took."""
     todo = polish_order(ctx, target, polish)
@@ -248,7 +252,7 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
         """The next units to polish; none once one cannot beat the best plan (bound order: no
         later one can either) or the deadline has passed."""
         nonlocal todo, timed_out
-        batch, todo = _next_polish(todo, min(c.step_s for c in ctx.candidates))
+        batch, todo = _next_polish(todo, min(c.step_s for c in ctx.candidates), prune)
         if batch and deadline is not None and time.perf_counter() > deadline:
             timed_out, batch, todo = True, [], []
         for su in batch:
@@ -283,10 +287,12 @@ def polish_order(ctx: UnitContext, target: float, polish: str | None) -> list[So
     return [su for su in todo if su.polish_due()]
 
 
-def _next_polish(todo: list[SolvedUnit], best: float) -> tuple[list[SolvedUnit], list[SolvedUnit]]:
+def _next_polish(todo: list[SolvedUnit], best: float, prune: float = 1e-3) -> tuple[list[SolvedUnit],
+                                                                                    list[SolvedUnit]]:
     """The next batch of `todo` and what is left after it: at most `UNIT_BATCH` units that could
-    still beat `best` by 0.1 %, and nothing left once one cannot (bound order: no later one can)."""
-    batch = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + 1e-3)]
+    still beat `best` by `prune` (0.1 %), and nothing left once one cannot (bound order: no later
+    one can)."""
+    batch = [su for su in todo[:UNIT_BATCH] if su.bound_s < best / (1 + prune)]
     return batch, (todo[UNIT_BATCH:] if len(batch) == UNIT_BATCH else [])
 
 
@@ -312,8 +318,9 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     With `stop_gap` the polish, refinement (toward the larger of `target` and `stop_gap`) and the
     late engine candidates but the floor ones are skipped once the best plan is within it of the
     lowest bound, as a branch-and-bound with a relative gap limit stops; `ctx.explored
-    ["stopped_at_gap"]` then says so. The `early` engines still run: they are there for the
-    pipelines the bound does not cover, which no gap speaks for (skipping them too gave plans
+    ["stopped_at_gap"]` then says so. Before that, units whose bound is within it of the best plan
+    are not polished (`finish`'s `prune`), as such a branch-and-bound prunes nodes. The `early`
+    engines still run: they are there for the pipelines the bound does not cover, which no gap speaks for (skipping them too gave plans
     2.9-4.9 % slower than the full search's on 4 of 30 `chain_check.py --seed 31` pools).
     Refinement before them and the polish, which raised the bound to 2 % on the 64-GPU ladder
     rung in 2.0 s instead of 3.1-3.5 s, refined 19 units instead of 8 on one of those pools,
@@ -326,6 +333,9 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
         return stop_gap is not None and not gap_missed(ctx, stop_gap)
 
     goal_gap = target if target is None or stop_gap is None else max(target, stop_gap)
+    # with `stop_gap` a unit whose bound is within it of the best plan is not polished: on the
+    # 64-GPU ladder rung the two above the gap's goal took 0.4 s before the refinement that met it
+    prune = max(1e-3, stop_gap or 0.0)
     # engine candidates the deadline leaves out count as work it cut short; the floor ones run
     # anyway, last
     skipped = bool(early) and past()
@@ -335,13 +345,17 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
         if pool.parallel and polish is not None:
             # beside them, the polish batch `finish` would take next if they find nothing faster
             # (then the polish below takes its outs instead of running it again; the same answer)
-            first, _ = _next_polish(polish_order(ctx, target or 0.0, polish), min(c.step_s for c in ctx.candidates))
-            seconds = _take(ctx, early, pool.speculate(first, early, sizes, deadline, target or 0.0))
+            # with the gap `finish` will be asked for (with `stop_gap` above `target`, speculating
+            # at `target` gave keys no later polish matched: on the 64-GPU ladder rung two polishes
+            # ran twice)
+            first, _ = _next_polish(polish_order(ctx, goal_gap or 0.0, polish), min(c.step_s for c in ctx.candidates),
+                                    prune)
+            seconds = _take(ctx, early, pool.speculate(first, early, sizes, deadline, goal_gap or 0.0))
         else:
             seconds = run_engines(ctx, pool, early, sizes, deadline)
     if goal_gap is not None and not met():
         if polish is not None and gap_missed(ctx, goal_gap):
-            timed_out = finish(ctx, goal_gap, deadline, pool, sizes, polish, [])[0] or timed_out
+            timed_out = finish(ctx, goal_gap, deadline, pool, sizes, polish, [], prune)[0] or timed_out
         timed_out = refine(ctx, goal_gap, deadline, pool, witness_plans=polish is not None) or timed_out
     stopped = met()
     if early:
@@ -351,7 +365,7 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     if engines and (past() or stopped):
         timed_out = timed_out or (not stopped and any(e not in FLOOR_ENGINES for e in engines))
         engines = [e for e in engines if e in FLOOR_ENGINES]
-    cut, more = finish(ctx, goal_gap or 0.0, deadline, pool, sizes, None if stopped else polish, engines)
+    cut, more = finish(ctx, goal_gap or 0.0, deadline, pool, sizes, None if stopped else polish, engines, prune)
     seconds.update(more)
     ctx.explored["stopped_at_gap"] = int(stopped)
     return cut or timed_out, seconds
