@@ -213,12 +213,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     "auto" runs them on pools of at most 64 GPUs with more GPU classes than the coverage's runs,
     whose coverage caps mixed pipelines, or whose gap refinement left above `refine_gap`.
 
-    `stop_gap` (None: off) ends the blocks coverage's search once the best plan is within that
-    relative gap of the lower bound, as a MIP solver's gap limit does: units whose cheap bound is
-    within it of the best plan are only bounded (and units whose bound is, not polished), and
-    once the gap is met the polish, refinement and the mesh chains run only to close the gap are skipped (the Megatron grid, and the chains
-    run for pipelines the coverage leaves out, still run: `unit_loop.close_gap`); the result's
-    `stats["stopped_at_gap"]` and explanation say when it stopped early.
+    `stop_gap` (None: off) ends the blocks coverage's search once the best plan is within that relative
+    gap of the lower bound, as a MIP solver's gap limit does: units whose cheap bound is within it of
+    the best plan are only bounded (and units whose bound is, not polished), and once the gap is met the
+    polish, refinement and the mesh chains run only to close the gap are skipped (the Megatron grid, and
+    the chains run for pipelines the coverage leaves out, still run: `unit_loop.close_gap`); the
+    result's `stats["stopped_at_gap"]` and explanation say when it stopped early.
 
     `workers` > 1 computes the split frontiers in that many forked processes, then runs the cheap
     bounds, the units of each batch of `parallel.UNIT_BATCH` and the refinements in one pool of that

@@ -315,17 +315,17 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
     than the best grid either; with the best plan as its cutoff it costs 0.4, 1.3 and 2.0 s past
     a 1 s limit on the 64, 1,024 and 16,384-GPU ladder pools, `search_scale.py --time-limit 1`).
 
-    With `stop_gap` the polish, refinement (toward the larger of `target` and `stop_gap`) and the
-    late engine candidates but the floor ones are skipped once the best plan is within it of the
-    lowest bound, as a branch-and-bound with a relative gap limit stops; `ctx.explored
-    ["stopped_at_gap"]` then says so. Before that, units whose bound is within it of the best plan
-    are not polished (`finish`'s `prune`), as such a branch-and-bound prunes nodes. The `early`
-    engines still run: they are there for the pipelines the bound does not cover, which no gap speaks for (skipping them too gave plans
-    2.9-4.9 % slower than the full search's on 4 of 30 `chain_check.py --seed 31` pools).
-    Refinement before them and the polish, which raised the bound to 2 % on the 64-GPU ladder
-    rung in 2.0 s instead of 3.1-3.5 s, refined 19 units instead of 8 on one of those pools,
-    20 s instead of 12 s: it chases the plan the polish and chains would have improved.
-    Returns whether the deadline cut something short, and the seconds each engine candidate took."""
+    With `stop_gap` the polish, refinement (toward the larger of `target` and `stop_gap`) and the late
+    engine candidates but the floor ones are skipped once the best plan is within it of the lowest
+    bound, as a branch-and-bound with a relative gap limit stops; `ctx.explored ["stopped_at_gap"]` then
+    says so. Before that, units whose bound is within it of the best plan are not polished (`finish`'s
+    `prune`), as such a branch-and-bound prunes nodes. The `early` engines still run: they are there for
+    the pipelines the bound does not cover, which no gap speaks for (skipping them too gave plans
+    2.9-4.9 % slower than the full search's on 4 of 30 `chain_check.py --seed 31` pools). Refinement
+    before them and the polish, which raised the bound to 2 % on the 64-GPU ladder rung in 2.0 s instead
+    of 3.1-3.5 s, refined 19 units instead of 8 on one of those pools, 20 s instead of 12 s: it chases
+    the plan the polish and chains would have improved. Returns whether the deadline cut something
+    short, and the seconds each engine candidate took."""
     def past() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
