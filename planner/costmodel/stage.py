@@ -106,6 +106,33 @@ def most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capacit
     return int((last - first + 1)[fits].max()) if fits.any() else 0
 
 
+def most_decoders_by_flight(table: LayerTable, n_dec: int, bytes_per_param: float, capacity: float,
+                            flights: int) -> np.ndarray:
+    """`most_decoders` with 1, 2, ..., `flights` microbatches in flight (each run's activations
+    counted once per microbatch), one entry per count; non-increasing. For the one-pipeline bound
+    with in-flight memory (`solvers.flight_bound`), where a pipeline's k-th stage from the end holds
+    min(k, m) microbatches."""
+    params = table.params_per_gpu[1:n_dec + 1] * bytes_per_param
+    acts = np.asarray(table.act_bytes[1:n_dec + 1], dtype=float)
+    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
+    first, last = _runs(n_dec)
+    runs = np.full((n_dec, n_dec), -math.inf)
+    runs[first, last] = work[last]
+    largest = np.maximum.accumulate(runs, axis=1)[first, last]
+    cum_p = np.concatenate([[0.0], np.cumsum(params)])
+    cum_a = np.concatenate([[0.0], np.cumsum(acts)])
+    run_p, run_a = cum_p[last + 1] - cum_p[first] + largest, cum_a[last + 1] - cum_a[first]
+    # the most microbatches each run fits with (0: none; capped at `flights`), then per count the
+    # longest run that fits at least that many
+    room = capacity - run_p
+    with np.errstate(divide="ignore", invalid="ignore"):
+        most = np.where(room < 0, 0, np.where(run_a > 0, np.floor(room / np.where(run_a > 0, run_a, 1.0)), flights))
+    most = np.clip(most, 0, flights).astype(np.int64)
+    longest = np.zeros(flights + 1, dtype=np.int64)
+    np.maximum.at(longest, most, last - first + 1)
+    return np.maximum.accumulate(longest[::-1])[::-1][1:]
+
+
 @functools.lru_cache(maxsize=16)
 def _runs(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) of every run of n layers, first <= last."""

@@ -31,7 +31,8 @@ from planner.costmodel.analytic import AnalyticCostModel
 from planner.costmodel.base import CostModel
 from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
-from planner.search.bounds import fluid_bound_s, fluid_work, memory_bound_s, shape_limits
+from planner.search.bounds import (fluid_bound_s, fluid_work, flight_limits, memory_bound_s, plan_positions,
+                                   shape_limits)
 from planner.search.candidates import wants_chains
 from planner.search.exact_provider import ExactProvider
 from planner.search.explain import alternatives_of, explain, outside_coverage
@@ -139,7 +140,9 @@ def _fluid(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: l
     gpus = np.array([rc.gpus for rc in classes], dtype=float)
     microbatches = training.global_batch // micro_batch
     memory = memory_bound_s(shape_limits(cost, model, training, classes, shapes, micro_batch), gpus,
-                            model.num_layers, microbatches)
+                            model.num_layers, microbatches,
+                            lambda: flight_limits(cost, model, training, classes, shapes, micro_batch),
+                            plan_positions(model, classes))
     return max(fluid_bound_s(work, gpus, microbatches), memory) + cost.knobs.step_overhead_s
 
 

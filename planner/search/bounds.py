@@ -12,12 +12,14 @@ can beat (the search adds the fixed per-step overhead for a bound on the step).
 Memory bounds (`memory_bound_s`, `solvers.memory_bound`): the fluid bound lets a GPU work on any
 layer; a stage runs only the layers it holds, at most as many as fit its memory. Where few fit
 (Llama-2 70B at 64k tokens on 86 GPUs of six types, whose one plan is a pipeline of five runs
-that no bound of the coverage speaks for) they lift the bound from 82.9 s to 226 s.
+that no bound of the coverage speaks for) they lift the bound from 82.9 s to 226 s, and to 294 s
+with each stage's microbatches in flight (`solvers.flight_bound`, where one pipeline is the only plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from planner.costmodel.base import CostModel, Shard
 from planner.search.space import ResourceClass, StageShape
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
+from solvers.flight_bound import FlightLimits, one_pipeline_flights_s
 from solvers.memory_bound import ShapeLimits, capped_fluid_s, one_pipeline_s
 
 FLUID_MARGIN = 1e-9  # bounds are shrunk by this much (relative) against rounding
@@ -82,32 +85,67 @@ def weighted_work_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int)
     return max(0.0, float(microbatches * weighted.min(axis=1).sum()) * (1 - FLUID_MARGIN))
 
 
-def shape_limits(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
-                 shapes: Iterable[tuple[int, StageShape]], micro_batch: int) -> ShapeLimits:
-    """Per (class index, shape) pair: its GPUs, its least decoder F+B per microbatch (one GPU's
-    time, which is the stage's) and the most decoder layers it holds with one microbatch in flight
-    (`stage.most_decoders`; optimizer states sharded as over every GPU of the pool, the most any
-    plan shards them), for `solvers.memory_bound`."""
+def _shape_rows(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+                shapes: Iterable[tuple[int, StageShape]], micro_batch: int):
+    """Per (class index, shape) pair: class, GPUs, least decoder F+B per microbatch (one GPU's
+    time, which is the stage's), its layer table, bytes per parameter (optimizer states sharded as
+    over every GPU of the pool, the most any plan shards them) and its GPUs' memory."""
     n_dec = model.num_layers
     replicas = sum(rc.gpus for rc in classes)  # no plan has more weight copies than GPUs
-    rows = []
     for cls, shape in shapes:
         dev = classes[cls].dev
         table = cost.layer_table(dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp, shape.recompute,
                                             training.seq_len), model, training)
         bpp = st.bytes_per_param(training.zero, st.weight_copies(replicas, shape.dp, shape.cp, shape.hp))
-        rows.append((cls, shape.gpus, float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1])),
-                     st.most_decoders(table, n_dec, bpp, st.memory_capacity_bytes(cost.knobs, dev))))
+        yield (cls, shape.gpus, float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1])), table, bpp,
+               st.memory_capacity_bytes(cost.knobs, dev))
+
+
+def shape_limits(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+                 shapes: Iterable[tuple[int, StageShape]], micro_batch: int) -> ShapeLimits:
+    """Per (class index, shape) pair: its GPUs, its least decoder F+B per microbatch and the most
+    decoder layers it holds with one microbatch in flight (`stage.most_decoders`), for
+    `solvers.memory_bound`."""
+    n_dec = model.num_layers
+    rows = [(cls, gpus, t, st.most_decoders(table, n_dec, bpp, capacity))
+            for cls, gpus, t, table, bpp, capacity in _shape_rows(cost, model, training, classes, shapes, micro_batch)]
     cols = list(zip(*rows)) if rows else [(), (), (), ()]
     return ShapeLimits.of(*(np.array(c) for c in cols))
 
 
-def memory_bound_s(limits: ShapeLimits, gpus: np.ndarray, n_dec: int, microbatches: int) -> float:
+def plan_positions(model: ModelSpec, classes: list[ResourceClass]) -> int:
+    """The most stages a pipeline can have: each holds a layer slot and a GPU."""
+    return min(model.num_layer_slots, sum(rc.gpus for rc in classes))
+
+
+def flight_limits(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+                  shapes: Iterable[tuple[int, StageShape]], micro_batch: int) -> FlightLimits:
+    """`shape_limits` with the most decoders held at every in-flight count a one-pipeline plan's
+    stages can have (1 to min(stages, microbatches); `stage.most_decoders_by_flight`), for
+    `solvers.flight_bound`."""
+    n_dec = model.num_layers
+    flights = max(1, min(plan_positions(model, classes), training.global_batch // micro_batch))
+    rows = [(cls, gpus, t, st.most_decoders_by_flight(table, n_dec, bpp, capacity, flights))
+            for cls, gpus, t, table, bpp, capacity in _shape_rows(cost, model, training, classes, shapes, micro_batch)]
+    if not rows:
+        return FlightLimits.of(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros((0, flights)))
+    cls, gpus, t, d = zip(*rows)
+    return FlightLimits.of(np.array(cls), np.array(gpus), np.array(t), np.array(d))
+
+
+def memory_bound_s(limits: ShapeLimits, gpus: np.ndarray, n_dec: int, microbatches: int,
+                   flights: Callable[[], FlightLimits] | None = None, positions: int = 0) -> float:
     """A bound on every plan's pipeline time at this microbatch size from decoder speed and memory
     (`solvers.memory_bound`: the capped fluid bound, and the one-pipeline bound where memory holds
-    fewer than two copies of the decoders); inf where not even one copy fits."""
+    fewer than two copies of the decoders, there also with each stage's in-flight microbatches,
+    `solvers.flight_bound`, when `flights` gives their limits and `positions` the most stages);
+    inf where not even one copy fits."""
     if n_dec <= 0:
         return 0.0
     capped = capped_fluid_s(limits, gpus, n_dec, microbatches)
     single = one_pipeline_s(limits, gpus, n_dec, microbatches)
-    return capped if single is None else max(capped, single)
+    if single is None:
+        return capped
+    if flights is not None and math.isfinite(single) and positions > 0:
+        single = max(single, one_pipeline_flights_s(flights(), gpus, n_dec, microbatches, positions))
+    return max(capped, single)
