@@ -121,7 +121,8 @@ def micro_batch_sizes(training: TrainingSpec) -> list[int]:
     if training.micro_batches:
         ok = sorted(b for b in set(training.micro_batches) if gb % b == 0)
         if not ok:
-            multiples = {(gb // b) * b for b in training.micro_batches} | {-(-gb // b) * b for b in training.micro_batches}
+            sizes = training.micro_batches
+            multiples = {(gb // b) * b for b in sizes} | {-(-gb // b) * b for b in sizes}
             near = sorted(multiples - {0}, key=lambda x: (abs(x - gb), x))
             raise HetplanError("global_batch", f"no microbatch size in {sorted(training.micro_batches)} divides "
                                f"{gb}; nearest valid global batches: {', '.join(map(str, near[:4]))}")
