@@ -123,8 +123,10 @@ def most_decoders_by_flight(table: LayerTable, n_dec: int, bytes_per_param: floa
     cum_a = np.concatenate([[0.0], np.cumsum(acts)])
     run_p, run_a = cum_p[last + 1] - cum_p[first] + largest, cum_a[last + 1] - cum_a[first]
     # the most microbatches each run fits with (0: none; capped at `flights`), then per count the
-    # longest run that fits at least that many
-    room = capacity - run_p
+    # longest run that fits at least that many; the room is taken 1e-9 larger, so that a division
+    # rounding down at an exact fit never counts one microbatch too few (the bound it feeds must
+    # not hold fewer decoders than a plan can)
+    room = capacity * (1 + 1e-9) - run_p
     with np.errstate(divide="ignore", invalid="ignore"):
         most = np.where(room < 0, 0, np.where(run_a > 0, np.floor(room / np.where(run_a > 0, run_a, 1.0)), flights))
     most = np.clip(most, 0, flights).astype(np.int64)

@@ -317,7 +317,7 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
 
     With `stop_gap` the polish, refinement (toward the larger of `target` and `stop_gap`) and the late
     engine candidates but the floor ones are skipped once the best plan is within it of the lowest
-    bound, as a branch-and-bound with a relative gap limit stops; `ctx.explored ["stopped_at_gap"]` then
+    bound, as a branch-and-bound with a relative gap limit stops; `ctx.explored["stopped_at_gap"]` then
     says so. Before that, units whose bound is within it of the best plan are not polished (`finish`'s
     `prune`), as such a branch-and-bound prunes nodes. The `early` engines still run: they are there for
     the pipelines the bound does not cover, which no gap speaks for (skipping them too gave plans
