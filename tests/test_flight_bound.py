@@ -1,6 +1,7 @@
 """The one-pipeline bound with in-flight memory (`solvers.flight_bound`): never above any
-one-pipeline plan on its own terms (brute force), tighter than one microbatch in flight where the
-early stages' activations bind, and through `bounds.memory_bound_s` never above the oracle's plans."""
+one-pipeline plan on its own terms (brute force), tight where the early stages' activations bind,
+and its memory limits (`stage.most_decoders_by_flight`) against every run of layers. Through
+`bounds.memory_bound_s` it is checked against the oracle's plans in `tests/test_memory_bound.py`."""
 
 from __future__ import annotations
 

@@ -96,12 +96,8 @@ def most_decoders(table: LayerTable, n_dec: int, bytes_per_param: float, capacit
     fixed bytes plus its largest working buffer (a 40x40 table, a few array operations instead of
     one pass per length)."""
     fixed = table.params_per_gpu[1:n_dec + 1] * bytes_per_param + table.act_bytes[1:n_dec + 1]
-    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
     cum = np.concatenate([[0.0], np.cumsum(fixed)])
-    first, last = _runs(n_dec)
-    runs = np.full((n_dec, n_dec), -math.inf)
-    runs[first, last] = work[last]
-    largest = np.maximum.accumulate(runs, axis=1)[first, last]  # largest buffer of layers first..last
+    first, last, largest = _run_buffers(table, n_dec)
     fits = cum[last + 1] - cum[first] + largest <= capacity
     return int((last - first + 1)[fits].max()) if fits.any() else 0
 
@@ -114,11 +110,7 @@ def most_decoders_by_flight(table: LayerTable, n_dec: int, bytes_per_param: floa
     min(k, m) microbatches."""
     params = table.params_per_gpu[1:n_dec + 1] * bytes_per_param
     acts = np.asarray(table.act_bytes[1:n_dec + 1], dtype=float)
-    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
-    first, last = _runs(n_dec)
-    runs = np.full((n_dec, n_dec), -math.inf)
-    runs[first, last] = work[last]
-    largest = np.maximum.accumulate(runs, axis=1)[first, last]
+    first, last, largest = _run_buffers(table, n_dec)
     cum_p = np.concatenate([[0.0], np.cumsum(params)])
     cum_a = np.concatenate([[0.0], np.cumsum(acts)])
     run_p, run_a = cum_p[last + 1] - cum_p[first] + largest, cum_a[last + 1] - cum_a[first]
@@ -133,6 +125,15 @@ def most_decoders_by_flight(table: LayerTable, n_dec: int, bytes_per_param: floa
     longest = np.zeros(flights + 1, dtype=np.int64)
     np.maximum.at(longest, most, last - first + 1)
     return np.maximum.accumulate(longest[::-1])[::-1][1:]
+
+
+def _run_buffers(table: LayerTable, n_dec: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first, last) of every run of decoder layers (0-based) and its largest working buffer."""
+    work = np.asarray(table.work_bytes[1:n_dec + 1], dtype=float)
+    first, last = _runs(n_dec)
+    runs = np.full((n_dec, n_dec), -math.inf)
+    runs[first, last] = work[last]
+    return first, last, np.maximum.accumulate(runs, axis=1)[first, last]
 
 
 @functools.lru_cache(maxsize=16)

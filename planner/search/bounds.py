@@ -19,12 +19,12 @@ with each stage's microbatches in flight (`solvers.flight_bound`, where one pipe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
 from planner.costmodel import stage as st
-from planner.costmodel.base import CostModel, Shard
+from planner.costmodel.base import CostModel, LayerTable, Shard
 from planner.search.space import ResourceClass, StageShape
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -86,7 +86,8 @@ def weighted_work_bound_s(work: np.ndarray, gpus: np.ndarray, microbatches: int)
 
 
 def _shape_rows(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
-                shapes: Iterable[tuple[int, StageShape]], micro_batch: int):
+                shapes: Iterable[tuple[int, StageShape]], micro_batch: int
+                ) -> Iterator[tuple[int, int, float, LayerTable, float, float]]:
     """Per (class index, shape) pair: class, GPUs, least decoder F+B per microbatch (one GPU's
     time, which is the stage's), its layer table, bytes per parameter (optimizer states sharded as
     over every GPU of the pool, the most any plan shards them) and its GPUs' memory."""
