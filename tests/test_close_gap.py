@@ -163,3 +163,30 @@ def test_a_stop_gap_search_does_not_polish_units_within_the_gap(monkeypatch) -> 
         res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers, stop_gap=0.02)
         assert sent == [[("engine",), ("engine",)]] and res.stats["units_polished"] == 0
         assert res.gap <= 0.02 and res.stats["stopped_at_gap"] == 1
+
+
+def test_a_stop_gap_search_builds_no_plan_for_a_unit_bounded_within_the_gap(monkeypatch) -> None:
+    """Llama-2 7B on 22 GPUs (`chain_check.py --seed 34` pool 9) with `stop_gap` 0.02: a unit whose
+    bound comes out within 2 % of the best plan it was solved against cannot hold a plan more than
+    2 % faster, so it is only bounded, as its cheap bound would have left it (before, its plan
+    templates were built and rounded: only plans more than 0.1 % faster were ruled out)."""
+    from benchmarks.chain_check import draw
+
+    rng = random.Random(34)
+    for _ in range(10):
+        _, model, cluster, training = draw(rng)
+    solved: list[tuple[float, float, bool]] = []  # (incumbent, bound, plan templates built)
+    solve_lp = units._solve_lp
+
+    def watched(*args, **kwargs):
+        out = solve_lp(*args, **kwargs)
+        incumbent = args[3]
+        if incumbent is not None and out[2] is not None:
+            solved.append((incumbent, out[2].bound_s, bool(out[0])))
+        return out
+
+    monkeypatch.setattr(units, "_solve_lp", watched)
+    res = search(model, cluster, training, cost=COST, workers=1, stop_gap=0.02)
+    within = [built for incumbent, bound, built in solved if incumbent / 1.02 <= bound < incumbent / 1.001]
+    assert within and not any(within)
+    assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s

@@ -162,14 +162,14 @@ def _unit(index: int, lo: int, hi: int) -> Unit:
     return u if (u.lo, u.hi) == (lo, hi) else replace(u, lo=lo, hi=hi)
 
 
-def _solve_task(args: tuple[int, int, int, float | None]) -> _Outcome:
+def _solve_task(args: tuple[int, int, int, float | None, float]) -> _Outcome:
     assert _SEARCH is not None
-    index, lo, hi, incumbent_s = args
+    index, lo, hi, incumbent_s, prune = args
     u, ctx = _unit(index, lo, hi), _SEARCH.ctx
     local = replace(ctx, candidates=[], bounds=[], unsolved_sizes=set(), stats=SolverStats(),
                     explored={"assignments": 0, "templates": 0}, solved=[])
     pruned = u.provider.stats.pruned
-    timed_out = solve_unit(u, local, _SEARCH.solver, _SEARCH.start, _SEARCH.time_limit, incumbent_s)
+    timed_out = solve_unit(u, local, _SEARCH.solver, _SEARCH.start, _SEARCH.time_limit, incumbent_s, prune)
     return _Outcome(local.candidates, local.bounds, [(s.bound_s, _packed(s.lb_set)) for s in local.solved],
                     local.unsolved_sizes, local.stats, local.explored["assignments"],
                     local.explored["templates"], u.provider.stats.pruned - pruned, timed_out)
@@ -286,11 +286,12 @@ class UnitPool:
                 found[i] = b
         return found
 
-    def solve(self, batch: list[Unit]) -> bool:
-        """Solve a batch of units against the best plan known now; True if any timed out."""
+    def solve(self, batch: list[Unit], prune: float = 1e-3) -> bool:
+        """Solve a batch of units against the best plan known now (a unit whose bound is within
+        `prune` of it gets no plan, `units.solve_unit`); True if any timed out."""
         ctx = self.ctx
         incumbent = min((c.step_s for c in ctx.candidates), default=None)
-        outs, forked = self._map(_solve_task, [(self._index[id(u)], u.lo, u.hi, incumbent) for u in batch])
+        outs, forked = self._map(_solve_task, [(self._index[id(u)], u.lo, u.hi, incumbent, prune) for u in batch])
         timed_out = False
         for u, out in zip(batch, outs):
             ctx.candidates.extend(out.candidates)

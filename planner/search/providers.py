@@ -99,6 +99,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._rows: dict[tuple[BlockType, ...], list[Row]] | None = None
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
+        self._lb_keys: list[int] = []  # see _lb_index
         self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
@@ -319,10 +320,17 @@ class BlocksProvider(TailLevels, TailPlans):
         once: hashing long skeleton tuples per proto and class was a hot spot)."""
         if self._lb_meta is None:
             index: dict[tuple[BlockType, ...], int] = {}
-            of = np.array([index.setdefault(p.skeleton, len(index)) for p in self.lb_protos], dtype=np.int64)
+            of = [index.setdefault(p.skeleton, len(index)) for p in self.lb_protos]
             skeletons = list(index)
             usage = [skeleton_usage(sk, len(self.classes)) for sk in skeletons]
-            self._lb_meta = (skeletons, of, [usage[k] for k in of])
+            group = [skeleton_group(sk) for sk in skeletons]
+            # each proto's pruning key (`_lb_templates`), the same for every replica class: the rank
+            # of its (usage, skeleton group) among the distinct ones, so that `pareto_indices` hashes
+            # and sorts ints, in the same order, instead of nested tuples of block types
+            by_skeleton = [(usage[k], group[k]) for k in range(len(skeletons))]
+            rank = {key: i for i, key in enumerate(sorted(set(by_skeleton)))}
+            self._lb_keys = [rank[by_skeleton[k]] for k in of]
+            self._lb_meta = (skeletons, np.array(of, dtype=np.int64), [usage[k] for k in of])
         return self._lb_meta
 
     def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> list[float | None]:
@@ -354,13 +362,13 @@ class BlocksProvider(TailLevels, TailPlans):
 
     def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
         """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned."""
-        skeletons, of, usage = self._lb_index()
-        group = [skeleton_group(sk) for sk in skeletons]
+        _, _, usage = self._lb_index()
         a, c = self._columns("lb")
         rows = [(k, e) for k, e in enumerate(self._lb_tails(tails)) if e is not None]
         # pruned within (usage, skeleton group) only: refinement replaces groups whole (`bound_key`)
-        keep = pareto_indices([(usage[k], group[of[k]]) for k, _ in rows], [a[k] for k, _ in rows],
-                              [c[k] for k, _ in rows], [e for _, e in rows])
+        keys = self._lb_keys
+        keep = pareto_indices([keys[k] for k, _ in rows], [a[k] for k, _ in rows], [c[k] for k, _ in rows],
+                              [e for _, e in rows])
         protos = self.lb_protos
         return [Template(usage[k], a[k], c[k], e, None, (), protos[k].skeleton) for k, e in (rows[i] for i in keep)]
 

@@ -231,7 +231,7 @@ def prune_templates(templates: list[Template], key: Callable[[Template], tuple] 
     return out
 
 
-def pareto_indices(usage: list[tuple], a: list[float], c: list[float], e: list[float]) -> list[int]:
+def pareto_indices(usage: list[tuple] | list[int], a: list[float], c: list[float], e: list[float]) -> list[int]:
     """Indices of the templates `prune_templates` keeps when no memory cap differs (given as plain
     columns, so callers build Template objects only for the kept ones): per key in `usage` (GPU
     usage, or `bound_key`), in order of (C, A, E), those not dominated in (A, E) by an earlier one.

@@ -49,7 +49,8 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
     """`best_first` on units sorted by cheap bound, `done` of `total` units taken before them;
     True if the time limit cut it short. A unit whose cheap bound is within `stop_gap` of the best
     plan is only bounded, as a branch-and-bound with a relative gap limit prunes: its cheap bound
-    joins the bounds, so the gap reported stays honest."""
+    joins the bounds, so the gap reported stays honest; and a unit solved whose bound comes out
+    within `stop_gap` of it gets no plan (`units.solve_unit`)."""
     overhead = ctx.cost.knobs.step_overhead_s
     slack = max(1e-3, stop_gap or 0.0)
     timed_out = False
@@ -72,7 +73,7 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
             break
         if progress:
             progress((done + k) / total, f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
-        timed_out = pool.solve(batch) or timed_out
+        timed_out = pool.solve(batch, slack) or timed_out
         mark(ctx, "units")
     return timed_out
 

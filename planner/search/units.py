@@ -192,10 +192,10 @@ def cheap_bound(u: Unit, avail: tuple[int, ...], stats: SolverStats, floor: floa
 
 
 def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit: float | None,
-               incumbent_s: float | None = None) -> bool:
+               incumbent_s: float | None = None, prune: float = 1e-3) -> bool:
     """Solve one unit, adding its plan (if any) and bound to the context; True if it timed out.
     `incumbent_s` (default: the best candidate in the context) lets the LP skip tail levels that
-    cannot beat it."""
+    cannot beat it; a unit whose bound is within `prune` of it gets no plan (`_solve_lp`)."""
     provider = u.provider
     overhead = ctx.cost.knobs.step_overhead_s
     problem_args = (ctx.avail, u.microbatches, (u.lo, u.hi))
@@ -207,7 +207,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         incumbent = incumbent_s if incumbent_s is not None else min((c.step_s for c in ctx.candidates), default=None)
         lb_set = provider.bound_templates(u.lo, u.hi)
         plan_set, sol, lb = _solve_lp(lambda: provider.plan_templates(u.lo), lb_set, problem_args,
-                                      None if incumbent is None else incumbent - overhead, start, time_limit, unit)
+                                      None if incumbent is None else incumbent - overhead, start, time_limit, unit, prune)
     ctx.explored["assignments"] += 1
     # the templates this unit's LPs chose among: counted per solve, so the same whichever
     # process built the split frontiers they come from
@@ -433,17 +433,20 @@ def _solve_exact(plan_set: list[Template], lb_set: list[Template], problem_args:
 
 def _solve_lp(plan_set_of: Callable[[], list[Template]], lb_set: list[Template] | None, problem_args: tuple,
               incumbent_s: float | None, start: float, time_limit: float | None,
-              unit: SolverStats) -> tuple[list[Template], Assignment | None, Assignment | None]:
+              unit: SolverStats, prune: float = 1e-3
+              ) -> tuple[list[Template], Assignment | None, Assignment | None]:
     """Plan templates, LP bound and rounded plan (large pools). Classes that cannot beat the
-    incumbent are only bounded: the bound templates go first, and when their bound already
-    reaches the incumbent the plan templates are never built (every plan template is dominated
-    by a bound template). Without `lb_set` the plan templates give both."""
+    incumbent by more than `prune` are only bounded: the bound templates go first, and when their
+    bound is within `prune` of the incumbent the plan templates are never built (every plan
+    template is dominated by a bound template). `prune` is 0.1 %, or the search's `stop_gap`, as
+    a branch-and-bound with a relative gap limit prunes nodes within it of the incumbent. Without
+    `lb_set` the plan templates give both."""
     deadline = None if time_limit is None else start + time_limit
     lb = None
     if lb_set is not None:
         lb = solve_assignment_lp(problem_of(lb_set, *problem_args), unit, incumbent_s=incumbent_s,
                                  deadline=deadline, bound_only=True) if lb_set else None
-        if incumbent_s is not None and lb is not None and lb.bound_s >= incumbent_s / (1 + 1e-3):
+        if incumbent_s is not None and lb is not None and lb.bound_s >= incumbent_s / (1 + prune):
             return [], None, lb
     plan_set = plan_set_of()
     sol = solve_assignment_lp(problem_of(plan_set, *problem_args), unit, incumbent_s=incumbent_s,
