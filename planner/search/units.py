@@ -207,7 +207,8 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         incumbent = incumbent_s if incumbent_s is not None else min((c.step_s for c in ctx.candidates), default=None)
         lb_set = provider.bound_templates(u.lo, u.hi)
         plan_set, sol, lb = _solve_lp(lambda: provider.plan_templates(u.lo), lb_set, problem_args,
-                                      None if incumbent is None else incumbent - overhead, start, time_limit, unit, prune)
+                                      None if incumbent is None else incumbent - overhead, start, time_limit, unit,
+                                      prune)
     ctx.explored["assignments"] += 1
     # the templates this unit's LPs chose among: counted per solve, so the same whichever
     # process built the split frontiers they come from
