@@ -190,3 +190,26 @@ def test_a_stop_gap_search_builds_no_plan_for_a_unit_bounded_within_the_gap(monk
     within = [built for incumbent, bound, built in solved if incumbent / 1.02 <= bound < incumbent / 1.001]
     assert within and not any(within)
     assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
+
+
+def test_a_stop_gap_search_refines_beside_the_engine_candidates(monkeypatch) -> None:
+    """The same pool with `stop_gap` 0.02: the coverage leaves pipelines out, so the engine
+    candidates run before refinement, and the gap is open after the best-first units. Beside them
+    runs the refinement `refine` would start with, not a speculated polish: it closes the gap, so
+    nothing is polished, and one worker or two give the same answer (the refined bound holds
+    whatever the engines find). Before, a polish ran beside them and refinement after."""
+    from benchmarks.chain_check import draw
+
+    rng = random.Random(34)
+    for _ in range(10):
+        _, model, cluster, training = draw(rng)
+    sent = _finish_batches(monkeypatch)
+    found = {}
+    for workers in (1, 2):
+        sent.clear()
+        res = search(model, cluster, training, cost=COST, workers=workers, stop_gap=0.02)
+        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), [[t[0] for t in b] for b in sent])
+    assert found[1] == found[2]
+    assert found[1][3] == [["engine", "engine", "refine"]]
+    assert found[1][2]["units_polished"] == 0 and found[1][2]["stopped_at_gap"] == 1
+    assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s

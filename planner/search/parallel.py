@@ -215,11 +215,14 @@ def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float
 
 
 def _finish_task(args: tuple) -> tuple:
-    """A polish (`_polish_task`) or an engine candidate (`candidates.ENGINE_CANDIDATES`: its plan
-    or None, and its seconds), so both share one batch of worker tasks."""
+    """A polish (`_polish_task`), a refinement (`_refine_task`) or an engine candidate
+    (`candidates.ENGINE_CANDIDATES`: its plan or None, and its seconds), so they share one batch
+    of worker tasks."""
     assert _SEARCH is not None
     if args[0] == "polish":
         return _polish_task(args[1:])
+    if args[0] == "refine":
+        return _refine_task(args[1:])
     _, name, sizes, cutoff_s, tail_share = args
     start = time.perf_counter()
     found = ENGINE_CANDIDATES[name](_SEARCH.ctx, sizes, cutoff_s, tail_share)
@@ -324,19 +327,42 @@ class UnitPool:
                  goal_s: float | None) -> None:
         """One batch of lift and refinement tasks, their results taken in batch order."""
         best = min(c.step_s for c in self.ctx.candidates)
-        cap = best if goal_s is None else min(best, goal_s * (1 + CUT_SLACK))  # bounds end >= goal
-        ratios = [su.next_ratio() for su in refines]
         tasks = [("lift", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, su.ratio, goal_s,
                   best, deadline) for su in lifts]
-        tasks += [("refine", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, cap, deadline,
-                   r) for su, r in zip(refines, ratios)]
+        ratios = [su.next_ratio() for su in refines]
+        tasks += self._refine_tasks(refines, ratios, deadline, goal_s)
         outs, _ = self._map(_tighten_task, tasks)
         for su, (bound, lb_set, witness, solves) in zip(lifts, outs):
             su.bound_s, su.lb_set, su.witness, su.lifted = bound, lb_set, witness, True
             self.ctx.stats.ilp_solves += solves
-        for su, r, (bound, solves, lb_set) in zip(refines, ratios, outs[len(lifts):]):
+        self._take_refined(refines, ratios, outs[len(lifts):])
+
+    def _refine_tasks(self, refines: list[SolvedUnit], ratios: list[float | None], deadline: float | None,
+                      goal_s: float | None) -> list[tuple]:
+        """Refinement tasks of `refines` at `ratios`, each up to the best plan or `goal_s`."""
+        best = min(c.step_s for c in self.ctx.candidates)
+        cap = best if goal_s is None else min(best, goal_s * (1 + CUT_SLACK))  # bounds end >= goal
+        return [("refine", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, cap, deadline,
+                 r) for su, r in zip(refines, ratios)]
+
+    def _take_refined(self, refines: list[SolvedUnit], ratios: list[float | None], outs: list) -> None:
+        for su, r, (bound, solves, lb_set) in zip(refines, ratios, outs):
             su.bound_s, su.ratio, su.lb_set = bound, r, lb_set
             self.ctx.stats.ilp_solves += solves
+
+    def engines_beside_refinement(self, refines: list[SolvedUnit], engines: list[str], sizes: list[int],
+                                  deadline: float | None, goal_s: float) -> list[tuple[object, float]]:
+        """Run the engine candidates and, in the same batch of tasks, refine `refines` (as `refine`
+        does, up to `goal_s`, against the best plan known now); the engine candidates' outs, as
+        `finish` returns them. A refined bound holds whatever plan the engines find, so unlike the
+        polish beside them (`speculate`) nothing here is speculative, and one worker or many
+        do the same."""
+        top = min(self.ctx.candidates, key=lambda c: c.step_s)
+        ratios = [su.next_ratio() for su in refines]
+        tasks = [("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in engines]
+        outs, _ = self._map(_finish_task, tasks + self._refine_tasks(refines, ratios, deadline, goal_s))
+        self._take_refined(refines, ratios, outs[len(engines):])
+        return outs[:len(engines)]
 
     @property
     def parallel(self) -> bool:
