@@ -125,6 +125,27 @@ def _finish_batches(monkeypatch) -> list[list[tuple]]:
     return sent
 
 
+def _chain_pool(seed: int, index: int) -> tuple:
+    """(model, cluster, training) of the `index`-th pool `benchmarks/chain_check.py --seed SEED` draws."""
+    from benchmarks.chain_check import draw
+
+    rng = random.Random(seed)
+    for _ in range(index + 1):
+        _, model, cluster, training = draw(rng)
+    return model, cluster, training
+
+
+def _by_workers(pool: tuple, sent: list, **options: object) -> dict[int, tuple]:
+    """Per worker count (1, 2): the plan's JSON, the bound, the counts, the `_finish_task` batches
+    sent (`_finish_batches`) and the result."""
+    found = {}
+    for workers in (1, 2):
+        sent.clear()
+        res = search(*pool, cost=COST, workers=workers, **options)
+        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent), res)
+    return found
+
+
 def test_a_stop_gap_search_takes_the_polish_it_speculated(monkeypatch) -> None:
     """OPT-350M, global batch 16, on 2x4 RTX-4090 + 8 H100 + 2x2 V100-16GB (`chain_check.py
     --seed 34` pool 5) with `stop_gap` 0.02: the polish batch speculated beside the engine
@@ -132,21 +153,12 @@ def test_a_stop_gap_search_takes_the_polish_it_speculated(monkeypatch) -> None:
     run again. Speculated at `refine_gap` (0.015) rather than the 0.02 the polish then used, its
     keys never matched and both units were polished twice. Units whose bound lies within the gap
     of the best plan are not polished (pruned, as a MIP solver with a gap limit prunes nodes)."""
-    from benchmarks.chain_check import draw
-
-    rng = random.Random(34)
-    for _ in range(6):
-        _, model, cluster, training = draw(rng)
     sent = _finish_batches(monkeypatch)
-    found = {}
-    for workers in (1, 2):
-        sent.clear()
-        res = search(model, cluster, training, cost=COST, workers=workers, stop_gap=0.02)
-        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent))
+    found = _by_workers(_chain_pool(34, 5), sent, stop_gap=0.02)
     assert found[1][:3] == found[2][:3] and found[2][2]["units_polished"] > 0
     polished = [task for batch in found[2][3] for task in batch if task[0] == "polish"]
     assert len(polished) == len(set(polished))  # none twice
-    assert found[1][2]["stopped_at_gap"] == 1 and res.gap <= 0.02
+    assert found[1][2]["stopped_at_gap"] == 1 and found[2][4].gap <= 0.02
 
 
 def test_a_stop_gap_search_does_not_polish_units_within_the_gap(monkeypatch) -> None:
@@ -170,11 +182,6 @@ def test_a_stop_gap_search_builds_no_plan_for_a_unit_bounded_within_the_gap(monk
     bound comes out within 2 % of the best plan it was solved against cannot hold a plan more than
     2 % faster, so it is only bounded, as its cheap bound would have left it (before, its plan
     templates were built and rounded: only plans more than 0.1 % faster were ruled out)."""
-    from benchmarks.chain_check import draw
-
-    rng = random.Random(34)
-    for _ in range(10):
-        _, model, cluster, training = draw(rng)
     solved: list[tuple[float, float, bool]] = []  # (incumbent, bound, plan templates built)
     solve_lp = units._solve_lp
 
@@ -186,7 +193,7 @@ def test_a_stop_gap_search_builds_no_plan_for_a_unit_bounded_within_the_gap(monk
         return out
 
     monkeypatch.setattr(units, "_solve_lp", watched)
-    res = search(model, cluster, training, cost=COST, workers=1, stop_gap=0.02)
+    res = search(*_chain_pool(34, 9), cost=COST, workers=1, stop_gap=0.02)
     within = [built for incumbent, bound, built in solved if incumbent / 1.02 <= bound < incumbent / 1.001]
     assert within and not any(within)
     assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
@@ -198,18 +205,10 @@ def test_a_stop_gap_search_refines_beside_the_engine_candidates(monkeypatch) -> 
     runs the refinement `refine` would start with, not a speculated polish: it closes the gap, so
     nothing is polished, and one worker or two give the same answer (the refined bound holds
     whatever the engines find). Before, a polish ran beside them and refinement after."""
-    from benchmarks.chain_check import draw
-
-    rng = random.Random(34)
-    for _ in range(10):
-        _, model, cluster, training = draw(rng)
     sent = _finish_batches(monkeypatch)
-    found = {}
-    for workers in (1, 2):
-        sent.clear()
-        res = search(model, cluster, training, cost=COST, workers=workers, stop_gap=0.02)
-        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), [[t[0] for t in b] for b in sent])
-    assert found[1] == found[2]
-    assert found[1][3] == [["engine", "engine", "refine"]]
+    found = _by_workers(_chain_pool(34, 9), sent, stop_gap=0.02)
+    assert found[1][:4] == found[2][:4]
+    assert [[task[0] for task in batch] for batch in found[1][3]] == [["engine", "engine", "refine"]]
     assert found[1][2]["units_polished"] == 0 and found[1][2]["stopped_at_gap"] == 1
+    res = found[2][4]
     assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
