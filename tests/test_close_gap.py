@@ -14,6 +14,49 @@ from planner.specs.models import get_model
 COST = AnalyticCostModel()
 
 
+def _finish_batches(monkeypatch) -> list[list[tuple]]:
+    """What each `_finish_task` batch sent: ("engine",) or (kind, unit index, lo, hi) for a polish or
+    a refinement; the engine candidates started at the first plan as ("started",) each."""
+    from planner.search import parallel
+
+    sent: list[list[tuple]] = []
+    run, start = parallel.UnitPool._map, parallel.UnitPool._start_engines
+
+    def watched(self, fn, args):
+        if fn is parallel._finish_task:
+            sent.append([a[:1] if a[0] == "engine" else a[:4] for a in args])
+        return run(self, fn, args)
+
+    def started(self):
+        sent.append([("started",)] * len(self._to_start[0]))
+        return start(self)
+
+    monkeypatch.setattr(parallel.UnitPool, "_map", watched)
+    monkeypatch.setattr(parallel.UnitPool, "_start_engines", started)
+    return sent
+
+
+def _chain_pool(seed: int, index: int) -> tuple:
+    """(model, cluster, training) of the `index`-th pool `benchmarks/chain_check.py --seed SEED` draws."""
+    from benchmarks.chain_check import draw
+
+    rng = random.Random(seed)
+    for _ in range(index + 1):
+        _, model, cluster, training = draw(rng)
+    return model, cluster, training
+
+
+def _by_workers(pool: tuple, sent: list, **options: object) -> dict[int, tuple]:
+    """Per worker count (1, 2): the plan's JSON, the bound, the counts, the `_finish_task` batches
+    sent (`_finish_batches`) and the result."""
+    found = {}
+    for workers in (1, 2):
+        sent.clear()
+        res = search(*pool, cost=COST, workers=workers, **options)
+        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent), res)
+    return found
+
+
 def test_polish_runs_before_refinement_where_the_gap_is_open(monkeypatch) -> None:
     """GPT-Neo 2.7B at 4,096 tokens, global batch 16, on 3x2 A10 + 3x2 RTX-4090 (`chain_check.py
     --seed 31` pool 29): the best-first units' best plan is 2.1065 s and the polish finds 2.0700 s.
@@ -61,33 +104,21 @@ def test_polish_takes_the_other_run_orders_of_its_groups() -> None:
 def test_the_polish_beside_the_engine_candidates_gives_the_same_answer(monkeypatch) -> None:
     """Llama-2 7B, global batch 8, on 3 H100 + 3x2 T4 + 4 L4 (`chain_check.py --seed 34` pool 12):
     the coverage leaves three-run pipelines out, so the Megatron-grid and mesh-chain candidates
-    run before refinement. With two workers the polish batch that comes next runs beside them
-    (`UnitPool.speculate`) and, as they find nothing faster, is taken as it is, not run again;
-    the plan, the bound and every count equal those of one worker, which runs them in turn."""
-    from planner.search import parallel
-
+    run before refinement: they start at the first plan, against it, beside the units still to
+    solve (`UnitPool.start_engines_at_first_plan`). With two workers the polish batch that comes
+    next runs beside them if they are still running (`UnitPool.speculate`) and, as they find
+    nothing faster, is taken as it is, not run again; the plan, the bound and every count equal
+    those of one worker, which runs them in turn."""
     cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
                                  NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
                                  NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
     training = TrainingSpec(global_batch=8, seq_len=2048)
-    sent: list[list[str]] = []
-    run = parallel.UnitPool._map
-
-    def watched(self, fn, args):
-        if fn is parallel._finish_task:
-            sent.append([a[0] for a in args])
-        return run(self, fn, args)
-
-    monkeypatch.setattr(parallel.UnitPool, "_map", watched)
-    found = {}
-    for workers in (1, 2):
-        sent.clear()
-        res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers)
-        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent))
+    sent = _finish_batches(monkeypatch)
+    found = _by_workers((get_model("llama2-7b"), cluster, training), sent)
     assert found[1][:3] == found[2][:3]
     assert found[1][2]["units_polished"] > 0 and found[1][2]["chain_added"] == 0
-    assert found[1][3] == [["engine", "engine"], ["polish"]]  # in turn: the engines, then the polish
-    assert found[2][3] == [["engine", "engine", "polish"]]  # beside them, and not run again
+    for workers in (1, 2):  # the engines started, then the polish, once
+        assert [[task[0] for task in batch] for batch in found[workers][3]] == [["started", "started"], ["polish"]]
 
 
 def test_a_time_limited_answer_is_never_slower_than_the_best_megatron_grid() -> None:
@@ -107,43 +138,6 @@ def test_a_time_limited_answer_is_never_slower_than_the_best_megatron_grid() -> 
         res = search(model, cluster, training, cost=COST, time_limit=1e-6, workers=workers)
         assert res.timed_out
         assert res.lower_bound_s <= res.prediction.step_s <= grid[1].step_s
-
-
-def _finish_batches(monkeypatch) -> list[list[tuple]]:
-    """What each `_finish_task` batch sent: ("engine",) or ("polish", unit index, lo, hi)."""
-    from planner.search import parallel
-
-    sent: list[list[tuple]] = []
-    run = parallel.UnitPool._map
-
-    def watched(self, fn, args):
-        if fn is parallel._finish_task:
-            sent.append([a[:1] if a[0] == "engine" else a[:4] for a in args])
-        return run(self, fn, args)
-
-    monkeypatch.setattr(parallel.UnitPool, "_map", watched)
-    return sent
-
-
-def _chain_pool(seed: int, index: int) -> tuple:
-    """(model, cluster, training) of the `index`-th pool `benchmarks/chain_check.py --seed SEED` draws."""
-    from benchmarks.chain_check import draw
-
-    rng = random.Random(seed)
-    for _ in range(index + 1):
-        _, model, cluster, training = draw(rng)
-    return model, cluster, training
-
-
-def _by_workers(pool: tuple, sent: list, **options: object) -> dict[int, tuple]:
-    """Per worker count (1, 2): the plan's JSON, the bound, the counts, the `_finish_task` batches
-    sent (`_finish_batches`) and the result."""
-    found = {}
-    for workers in (1, 2):
-        sent.clear()
-        res = search(*pool, cost=COST, workers=workers, **options)
-        found[workers] = (res.plan.to_json(), res.lower_bound_s, res.counts(), list(sent), res)
-    return found
 
 
 def test_a_stop_gap_search_takes_the_polish_it_speculated(monkeypatch) -> None:
@@ -173,7 +167,7 @@ def test_a_stop_gap_search_does_not_polish_units_within_the_gap(monkeypatch) -> 
     for workers in (1, 2):
         sent.clear()
         res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers, stop_gap=0.02)
-        assert sent == [[("engine",), ("engine",)]] and res.stats["units_polished"] == 0
+        assert sent == [[("started",), ("started",)]] and res.stats["units_polished"] == 0
         assert res.gap <= 0.02 and res.stats["stopped_at_gap"] == 1
 
 
@@ -208,7 +202,7 @@ def test_a_stop_gap_search_refines_beside_the_engine_candidates(monkeypatch) -> 
     sent = _finish_batches(monkeypatch)
     found = _by_workers(_chain_pool(34, 9), sent, stop_gap=0.02)
     assert found[1][:4] == found[2][:4]
-    assert [[task[0] for task in batch] for batch in found[1][3]] == [["engine", "engine", "refine"]]
+    assert [[task[0] for task in batch] for batch in found[1][3]] == [["started", "started"], ["refine"]]
     assert found[1][2]["units_polished"] == 0 and found[1][2]["stopped_at_gap"] == 1
     res = found[2][4]
     assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s

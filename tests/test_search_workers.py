@@ -21,7 +21,7 @@ from tests.test_search_refine import (BIG_CLUSTER, BIG_MODEL, BIG_TRAINING, CLUS
 def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...] | None, zero: int,
                                                    one_type: bool) -> None:
     """Five microbatch sizes on two workers (each frontier whole) and one size (split in two)
-    alike (`parallel.frontier_parts`). With ZeRO (split frontiers with memory for
+    alike (`frontier_workers.frontier_parts`). With ZeRO (split frontiers with memory for
     the bound, computed ahead for every size in worker processes, for the plans only as a unit
     asks in one process) and on one GPU type (no frontier computed ahead) the counts had
     differed: the templates were counted where frontiers were built (27 % more, or none at all)."""
@@ -38,7 +38,7 @@ def test_worker_processes_do_not_change_the_answer(micro_batches: tuple[int, ...
 def test_frontier_parts_keep_sizes_whole_unless_workers_would_idle(workers: int) -> None:
     """As many sizes as workers or more: one task per size. Fewer: the last sizes are split until
     every worker has as many tasks."""
-    from planner.search.parallel import frontier_parts
+    from planner.search.frontier_workers import frontier_parts
 
     assert frontier_parts(0, workers) == []
     for sizes in range(1, 8):
@@ -116,10 +116,10 @@ def test_option_costing_recosts_any_replica_counts_as_a_fresh_build(zero: int) -
 
 
 def test_frontier_workers_hand_back_the_option_costing() -> None:
-    """The frontier workers (`parallel.prefetch_frontiers`) return each size's option costing with
+    """The frontier workers (`frontier_workers.prefetch_frontiers`) return each size's option costing with
     its frontiers, so the unit workers forked later inherit it instead of each rebuilding it; the
     options built from the handed-back bases equal those of a provider that computed its own."""
-    from planner.search.parallel import prefetch_frontiers
+    from planner.search.frontier_workers import prefetch_frontiers
 
     providers = [_provider(1), _provider(2)]
     assert all(p.needs_frontiers and p._costing is None for p in providers)

@@ -39,7 +39,8 @@ from planner.search.explain import alternatives_of, explain, outside_coverage
 from planner.search.fit_proof import fits_nowhere
 from planner.search.history import Milestone, close, mark
 from planner.search.no_plan import after_exact_fallback, raise_no_plan
-from planner.search.parallel import UnitPool, prefetch_frontiers
+from planner.search.frontier_workers import prefetch_frontiers
+from planner.search.parallel import UnitPool
 from planner.search.providers import BlocksProvider
 from planner.search.space import ResourceClass, block_types, costable_shapes, resource_classes
 from planner.search.templates import count_sequences
@@ -326,6 +327,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     else:
         prefetch_frontiers(providers, workers)
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
+            if wants_chains(chains, coverages, classes):
+                # the engine candidates run before refinement whatever the plans: started at the first
+                # plan, beside the units (32-GPU ladder rung with `stop_gap`: 0.99 -> 0.90 s)
+                pool.start_engines_at_first_plan(["megatron_grid", "chain"], sizes)
             timed_out = best_first(pool, ctx, start, time_limit, progress, stop_gap) or timed_out
             deadline = None if time_limit is None else start + time_limit
             if candidates:

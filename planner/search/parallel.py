@@ -1,18 +1,14 @@
-"""Work of the search done in worker processes: split frontiers and units, with the same answer.
+"""Units of the search done in worker processes, with the same answer (the split frontiers before
+them: `frontier_workers`).
 
-* Frontiers: the split frontiers of one skeleton do not depend on another's; with `workers > 1`
-  each microbatch size's frontier is one task (its skeleton rows split into parts only where there
-  are fewer sizes than workers, `frontier_parts`: every part repeats the stage options and
-  pruning, and most of a sweep's rounds) computed in forked processes (each inherits the
-  providers and returns its frontiers, and the first part of a size the option costing's bases)
-  before any unit is solved; the parent puts them back in one fixed order.
-* Units: the best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best
-  plan known when its batch started; a batch's units run in worker processes forked once for the
-  whole loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts are merged
-  in batch order. The batch size is fixed, so the plan, the bound and the counts never depend on
-  `workers` (a test checks it). The one task run ahead of its turn, the polish beside the early
-  engine candidates (`UnitPool.speculate`), is taken only where its arguments are those of the
-  polish that comes next, so it does not change that either.
+The best-first loop takes units in batches of `UNIT_BATCH`, each solved against the best plan
+known when its batch started; a batch's units run in worker processes forked once for the whole
+loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts are merged in batch
+order. The batch size is fixed, so the plan, the bound and the counts never depend on `workers` (a
+test checks it). Two kinds of task run ahead of their turn without changing that: the engine
+candidates started at the first plan, against it, beside the units
+(`UnitPool.start_engines_at_first_plan`; in one process they run there and then), and the polish beside the early engine candidates
+(`UnitPool.speculate`), taken only where its arguments are those of the polish that comes next.
 
 Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
 same work in turn.
@@ -26,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.search.candidates import ENGINE_CANDIDATES
+from planner.search.frontier_workers import can_fork
 from planner.search.lift import lift_unit
 from planner.search.templates import PackedTemplates, Template
 from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, inherit_refinement,
@@ -34,18 +31,6 @@ from solvers.assign import SolverStats
 
 SPLIT_SINGLETONS = 8  # a narrow class (at most this many counts) splits into single counts at once
 UNIT_BATCH = 2  # units solved (or refined) between updates of the best plan; fixed for determinism
-
-_JOB: Callable[[int], object] | None = None  # read by forked workers (inherited, not pickled)
-
-
-def _run(index: int) -> object:
-    assert _JOB is not None
-    return _JOB(index)
-
-
-def _can_fork(workers: int, tasks: int) -> bool:
-    return (workers > 1 and tasks > 1 and "fork" in mp.get_all_start_methods()
-            and not mp.current_process().daemon)
 
 
 def narrow_class(lo: int, hi: int) -> bool:
@@ -66,51 +51,6 @@ def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
     if narrow_class(lo, hi) and hi - lo < SPLIT_SINGLETONS:
         return [(r, r) for r in range(lo, hi + 1)]
     return [(lo, mid), (mid + 1, hi)]
-
-
-def frontier_parts(sizes: int, workers: int) -> list[int]:
-    """Parts each microbatch size's frontier work is split into: whole sizes when there are at
-    least as many as workers, else extra parts for the last sizes until the task count is a
-    multiple of `workers` (one size on two workers: 2). A part sweeps every `parts`-th row, but a
-    sweep's rounds are batched over its rows, so half the rows take most of the rounds' time, and
-    every part repeats the stage options and their pruning: the 64-GPU ladder pool's size 16 took
-    0.25 s whole and 0.28 + 0.32 s in halves. Five whole sizes on two workers, against 1, 1, 1, 1, 2
-    (fresh processes, alternating): 32 GPUs 2.04-2.39 s against 2.44-2.58 s in four pairs, but
-    1.08 / 2.39 / 3.33 s against 1.13 / 2.43 / 3.41 s at 16 / 32 / 64 GPUs as medians of three
-    rounds (`benchmarks/ab_check.py`, with the session's other changes): a small gain."""
-    parts = [1] * sizes
-    if sizes >= workers:
-        return parts
-    for i in range((workers - sizes % workers) % workers if sizes else 0):
-        parts[-1 - i % sizes] += 1
-    return parts
-
-
-def prefetch_frontiers(providers: list, workers: int) -> None:
-    """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
-    a single task). Tasks go out largest microbatch size first (`providers` come smallest
-    first): those frontiers tend to take longest (fewer microbatches per pipeline, so the horizon
-    keeps more of each row's frontier; size 1 was the quickest on every pool timed), so the
-    last task to end is a short one. A size is adopted as soon as all its parts are back, while
-    the workers go on with the others (before, the parent adopted all five sizes of the 64-GPU
-    rung after the last part, 0.09 s with both workers idle)."""
-    global _JOB
-    todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
-    parts = frontier_parts(len(todo), workers)
-    tasks = [(p, k, n) for p, n in zip(todo, parts) for k in range(n)][::-1]
-    if not _can_fork(workers, len(tasks)):
-        return
-    _JOB = lambda i: tasks[i][0].frontier_part(tasks[i][1], tasks[i][2])  # noqa: E731
-    back: dict[int, dict[int, tuple]] = {}  # per provider, its parts' states by part
-    try:
-        with mp.get_context("fork").Pool(min(workers, len(tasks))) as pool:
-            for (provider, k, n), state in zip(tasks, pool.imap(_run, range(len(tasks)), chunksize=1)):
-                got = back.setdefault(id(provider), {})
-                got[k] = state
-                if len(got) == n:
-                    provider.adopt_frontier_parts([got[i] for i in range(n)])
-    finally:
-        _JOB = None
 
 
 @dataclass
@@ -250,6 +190,8 @@ class UnitPool:
         self._outer: _Search | None = None  # the module's search before this pool forked
         self._pool = None
         self._ahead: dict[tuple, tuple] = {}  # polish (templates, outs) `speculate` ran, by task
+        self._to_start: tuple[tuple[str, ...], list[int]] | None = None  # see `start_engines_at_first_plan`
+        self._started: tuple[tuple[str, ...], object] | None = None  # (engines, their outs or pending result)
 
     def __enter__(self) -> UnitPool:
         return self
@@ -261,14 +203,19 @@ class UnitPool:
             self._pool = None
             _SEARCH = self._outer
 
+    def _in_turn(self, fn: Callable, args: list) -> list:
+        """`fn` on each of `args` in this process, in turn."""
+        global _SEARCH
+        outer, _SEARCH = _SEARCH, self._search
+        try:
+            return [fn(a) for a in args]
+        finally:
+            _SEARCH = outer
+
     def _map(self, fn: Callable, args: list) -> tuple[list, bool]:
         global _SEARCH
-        if self._pool is None and not _can_fork(self.workers, len(args)):
-            outer, _SEARCH = _SEARCH, self._search
-            try:
-                return [fn(a) for a in args], False
-            finally:
-                _SEARCH = outer
+        if self._pool is None and not can_fork(self.workers, len(args)):
+            return self._in_turn(fn, args), False
         if self._pool is None:
             # kept set while the pool lives: a worker the pool replaces is forked from this state
             self._outer, _SEARCH = _SEARCH, self._search
@@ -289,6 +236,32 @@ class UnitPool:
                 found[i] = b
         return found
 
+    def start_engines_at_first_plan(self, engines: list[str], sizes: list[int]) -> None:
+        """Start the engine candidates `engines` once the first batch of units with a plan is merged
+        (`solve`), against that plan: in the worker processes, beside the units still to solve (so
+        that the mesh chains, the longest task of the search's last phase, no longer run alone at its
+        end), or, in one process, there and then. The first `finish`, `speculate` or
+        `engines_beside_refinement` that asks for the same engines takes their outs. The cutoff is
+        the plan of the same batch however many workers run, so the answer does not depend on it."""
+        self._to_start = (tuple(engines), sizes)
+
+    def _start_engines(self) -> None:
+        assert self._to_start is not None
+        (names, sizes), self._to_start = self._to_start, None
+        top = min(self.ctx.candidates, key=lambda c: c.step_s)
+        tasks = [("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in names]
+        started = self._in_turn(_finish_task, tasks) if self._pool is None else self._pool.map_async(
+            _finish_task, tasks, chunksize=1)
+        self._started = (names, started)
+
+    def _started_outs(self, engines: list[str]) -> list | None:
+        """The outs of the engines started ahead (`start_engines_at_first_plan`), if those are
+        `engines` (taken once), else None."""
+        if self._started is None or self._started[0] != tuple(engines):
+            return None
+        (_, got), self._started = self._started, None
+        return got if isinstance(got, list) else got.get()
+
     def solve(self, batch: list[Unit], prune: float = 1e-3) -> bool:
         """Solve a batch of units against the best plan known now (a unit whose bound is within
         `prune` of it gets no plan, `units.solve_unit`); True if any timed out."""
@@ -308,6 +281,8 @@ class UnitPool:
             if forked:  # in turn, the provider counted it already
                 u.provider.stats.pruned += out.pruned
             timed_out = timed_out or out.timed_out
+        if self._to_start is not None and ctx.candidates:
+            self._start_engines()
         return timed_out
 
     def refine(self, sus: list[SolvedUnit], deadline: float | None, goal_s: float | None = None) -> None:
@@ -359,15 +334,17 @@ class UnitPool:
         do the same."""
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
         ratios = [su.next_ratio() for su in refines]
-        tasks = [("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in engines]
+        started = self._started_outs(engines)
+        tasks = [] if started is not None else [
+            ("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in engines]
         outs, _ = self._map(_finish_task, tasks + self._refine_tasks(refines, ratios, deadline, goal_s))
-        self._take_refined(refines, ratios, outs[len(engines):])
-        return outs[:len(engines)]
+        self._take_refined(refines, ratios, outs[len(tasks):])
+        return started if started is not None else outs[:len(engines)]
 
     @property
     def parallel(self) -> bool:
         """Whether tasks run in worker processes (else in turn, in this process)."""
-        return self._pool is not None or _can_fork(self.workers, 2)
+        return self._pool is not None or can_fork(self.workers, 2)
 
     def finish(self, sus: list[SolvedUnit], engines: list[str], sizes: list[int], deadline: float | None,
                whole_gap: float | None = None) -> tuple[list[tuple[object, float]], bool]:
@@ -421,13 +398,15 @@ class UnitPool:
         # the engine candidates first: each is usually longer than a polish, and one started last
         # leaves the other worker idle (1,024-GPU ladder rung: the Megatron grid's 0.75 s after
         # a 0.37 s polish, beside a 0.5 s one)
-        tasks = [("engine", name, sizes, best, share) for name in engines] + [
-            ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline,
-             whole_gap) for su in todo]
+        started = self._started_outs(engines) if engines else None
+        tasks = [] if started is not None else [("engine", name, sizes, best, share) for name in engines]
+        n_engines = len(tasks)
+        tasks += [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline,
+                   whole_gap) for su in todo]
         outs, forked = self._map(_finish_task, tasks) if tasks else ([], False)
-        ran = iter((out, forked) for out in outs[len(engines):])
+        ran = iter((out, forked) for out in outs[n_engines:])
         polish = [ahead[k] if k in ahead else next(ran) for k in keys]
-        return outs[:len(engines)], polish
+        return (started if started is not None else outs[:n_engines]), polish
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved

@@ -302,10 +302,11 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
               stop_gap: float | None = None) -> tuple[bool, dict[str, float]]:
     """After the best-first units: the engine candidates, the plan polish and refinement, ordered
     so that the best plan, which sets refinement's goal, is found before refinement rather than
-    after it. `early` engines run first (`run_engines`; in worker processes with the polish batch
-    `finish` would take next beside them, `UnitPool.speculate`, whose outs that `finish` takes if
-    they find nothing faster: the same answer, and no worker idles while the other runs the mesh
-    chains); then, where the gap is above `target`,
+    after it. `early` engines are taken first (`run_engines`; where they run whatever the plans,
+    `api.search` started them at the first plan, beside the units, `UnitPool.start_engines_at_first_plan`;
+    in worker processes with the polish batch `finish` would take next beside them, `UnitPool.speculate`,
+    whose outs that `finish` takes if they find nothing faster: the same answer, and no worker idles
+    while the other runs the mesh chains); then, where the gap is above `target`,
     the polish (`finish`, no engines); then refinement toward `target` (None: none); then `finish`
     with the `late(gap_open)` engines (none if the early ones ran), polishing only units refined
     since their last polish (`SolvedUnit.polish_due`). `polish` is `finish`'s mode. On
@@ -407,11 +408,12 @@ def _first_refinement(ctx: UnitContext, target: float) -> list[SolvedUnit]:
 
 def run_engines(ctx: UnitContext, pool: UnitPool, engines: list[str], sizes: list[int],
                 deadline: float | None) -> dict[str, float]:
-    """Run the engine candidates now, before refinement, and take each one faster than the best
-    plan; the seconds each took. `close_gap` does this where the mesh-chain candidate runs
-    whatever the gap (the coverage leaves pipelines out): a chain faster than the coverage's
-    plans lowers refinement's goal before any unit is refined, not after (`chain_check.py
-    --seed 31` pool 26: refinement took 53 of a 77 s search, toward a goal the chain then beat)."""
+    """Run the engine candidates now (or take those started at the first plan), before refinement,
+    and take each one faster than the best plan; the seconds each took. `close_gap` does this where
+    the mesh-chain candidate runs whatever the gap (the coverage leaves pipelines out): a chain
+    faster than the coverage's plans lowers refinement's goal before any unit is refined, not after
+    (`chain_check.py --seed 31` pool 26: refinement took 53 of a 77 s search, toward a goal the
+    chain then beat)."""
     return _take(ctx, engines, pool.finish([], engines, sizes, deadline)[0])
 
 

@@ -1,0 +1,73 @@
+"""Split frontiers computed in worker processes before any unit is solved, with the same answer.
+
+The split frontiers of one skeleton do not depend on another's; with `workers > 1` each microbatch
+size's frontier is one task (its skeleton rows split into parts only where there are fewer sizes
+than workers, `frontier_parts`: every part repeats the stage options and pruning, and most of a
+sweep's rounds) computed in forked processes (each inherits the providers and returns its
+frontiers, and the first part of a size the option costing's bases); the parent puts them back in
+one fixed order. Platforms without fork, and daemon processes (pool workers, which may not start
+processes), leave the frontiers to be computed in turn when first asked for.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Callable
+
+_JOB: Callable[[int], object] | None = None  # read by forked workers (inherited, not pickled)
+
+
+def _run(index: int) -> object:
+    assert _JOB is not None
+    return _JOB(index)
+
+
+def can_fork(workers: int, tasks: int) -> bool:
+    """Whether `tasks` tasks go to forked worker processes (else they run in turn, here)."""
+    return (workers > 1 and tasks > 1 and "fork" in mp.get_all_start_methods()
+            and not mp.current_process().daemon)
+
+
+def frontier_parts(sizes: int, workers: int) -> list[int]:
+    """Parts each microbatch size's frontier work is split into: whole sizes when there are at
+    least as many as workers, else extra parts for the last sizes until the task count is a
+    multiple of `workers` (one size on two workers: 2). A part sweeps every `parts`-th row, but a
+    sweep's rounds are batched over its rows, so half the rows take most of the rounds' time, and
+    every part repeats the stage options and their pruning: the 64-GPU ladder pool's size 16 took
+    0.25 s whole and 0.28 + 0.32 s in halves. Five whole sizes on two workers, against 1, 1, 1, 1, 2
+    (fresh processes, alternating): 32 GPUs 2.04-2.39 s against 2.44-2.58 s in four pairs, but
+    1.08 / 2.39 / 3.33 s against 1.13 / 2.43 / 3.41 s at 16 / 32 / 64 GPUs as medians of three
+    rounds (`benchmarks/ab_check.py`, with the session's other changes): a small gain."""
+    parts = [1] * sizes
+    if sizes >= workers:
+        return parts
+    for i in range((workers - sizes % workers) % workers if sizes else 0):
+        parts[-1 - i % sizes] += 1
+    return parts
+
+
+def prefetch_frontiers(providers: list, workers: int) -> None:
+    """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
+    a single task). Tasks go out largest microbatch size first (`providers` come smallest
+    first): those frontiers tend to take longest (fewer microbatches per pipeline, so the horizon
+    keeps more of each row's frontier; size 1 was the quickest on every pool timed), so the
+    last task to end is a short one. A size is adopted as soon as all its parts are back, while
+    the workers go on with the others (before, the parent adopted all five sizes of the 64-GPU
+    rung after the last part, 0.09 s with both workers idle)."""
+    global _JOB
+    todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
+    parts = frontier_parts(len(todo), workers)
+    tasks = [(p, k, n) for p, n in zip(todo, parts) for k in range(n)][::-1]
+    if not can_fork(workers, len(tasks)):
+        return
+    _JOB = lambda i: tasks[i][0].frontier_part(tasks[i][1], tasks[i][2])  # noqa: E731
+    back: dict[int, dict[int, tuple]] = {}  # per provider, its parts' states by part
+    try:
+        with mp.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+            for (provider, k, n), state in zip(tasks, pool.imap(_run, range(len(tasks)), chunksize=1)):
+                got = back.setdefault(id(provider), {})
+                got[k] = state
+                if len(got) == n:
+                    provider.adopt_frontier_parts([got[i] for i in range(n)])
+    finally:
+        _JOB = None
