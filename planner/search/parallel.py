@@ -7,8 +7,9 @@ loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts 
 order. The batch size is fixed, so the plan, the bound and the counts never depend on `workers` (a
 test checks it). Two kinds of task run ahead of their turn without changing that: the engine
 candidates started at the first plan, against it, beside the units
-(`UnitPool.start_engines_at_first_plan`; in one process they run there and then), and the polish beside the early engine candidates
-(`UnitPool.speculate`), taken only where its arguments are those of the polish that comes next.
+(`UnitPool.start_engines_at_first_plan`; in one process they run there and then), and the polish
+beside the early engine candidates (`UnitPool.speculate`), taken only where its arguments are
+those of the polish that comes next.
 
 Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
 same work in turn.
