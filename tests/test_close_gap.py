@@ -28,8 +28,9 @@ def _finish_batches(monkeypatch) -> list[list[tuple]]:
         return run(self, fn, args)
 
     def started(self):
-        sent.append([("started",)] * len(self._to_start[0]))
-        return start(self)
+        start(self)
+        if self._started is not None:
+            sent.append([("started",)] * len(self._started[0]))
 
     monkeypatch.setattr(parallel.UnitPool, "_map", watched)
     monkeypatch.setattr(parallel.UnitPool, "_start_engines", started)
@@ -206,3 +207,20 @@ def test_a_stop_gap_search_refines_beside_the_engine_candidates(monkeypatch) -> 
     assert found[1][2]["units_polished"] == 0 and found[1][2]["stopped_at_gap"] == 1
     res = found[2][4]
     assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
+
+
+def test_engine_candidates_are_not_started_past_the_time_limit(monkeypatch) -> None:
+    """The Llama-2 7B pool above with a time limit that has passed by the first plan: the engine
+    candidates are not started beside the units (`UnitPool.start_engines_at_first_plan`), as
+    `close_gap` would leave them out too; the Megatron grid still runs last, as a floor."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
+                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
+                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=8, seq_len=2048)
+    sent = _finish_batches(monkeypatch)
+    for workers in (1, 2):
+        sent.clear()
+        res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers, time_limit=1e-6)
+        assert res.timed_out and sent[-1] == [("engine",)]  # the grid, after the units
+        assert not any(task == ("started",) for batch in sent for task in batch)
+        assert res.lower_bound_s <= res.prediction.step_s

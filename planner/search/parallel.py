@@ -247,8 +247,13 @@ class UnitPool:
         self._to_start = (tuple(engines), sizes)
 
     def _start_engines(self) -> None:
+        """Start them (`start_engines_at_first_plan`), unless the time limit has passed: then
+        `unit_loop.close_gap` leaves them out (but the floor ones), as it did before."""
         assert self._to_start is not None
         (names, sizes), self._to_start = self._to_start, None
+        limit = self._search.time_limit
+        if limit is not None and time.perf_counter() - self._search.start > limit:
+            return
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
         tasks = [("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in names]
         started = self._in_turn(_finish_task, tasks) if self._pool is None else self._pool.map_async(
