@@ -37,6 +37,15 @@ def _finish_batches(monkeypatch) -> list[list[tuple]]:
     return sent
 
 
+def _llama_pool() -> tuple:
+    """Llama-2 7B, global batch 8, on 3 H100 + 3x2 T4 + 4 L4 (`chain_check.py --seed 34` pool 12):
+    (model, cluster, training)."""
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
+                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
+                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
+    return get_model("llama2-7b"), cluster, TrainingSpec(global_batch=8, seq_len=2048)
+
+
 def _chain_pool(seed: int, index: int) -> tuple:
     """(model, cluster, training) of the `index`-th pool `benchmarks/chain_check.py --seed SEED` draws."""
     from benchmarks.chain_check import draw
@@ -110,12 +119,8 @@ def test_the_polish_beside_the_engine_candidates_gives_the_same_answer(monkeypat
     next runs beside them if they are still running (`UnitPool.speculate`) and, as they find
     nothing faster, is taken as it is, not run again; the plan, the bound and every count equal
     those of one worker, which runs them in turn."""
-    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
-                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
-                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
-    training = TrainingSpec(global_batch=8, seq_len=2048)
     sent = _finish_batches(monkeypatch)
-    found = _by_workers((get_model("llama2-7b"), cluster, training), sent)
+    found = _by_workers(_llama_pool(), sent)
     assert found[1][:3] == found[2][:3]
     assert found[1][2]["units_polished"] > 0 and found[1][2]["chain_added"] == 0
     for workers in (1, 2):  # the engines started, then the polish, once
@@ -160,14 +165,10 @@ def test_a_stop_gap_search_does_not_polish_units_within_the_gap(monkeypatch) -> 
     """The Llama-2 7B pool above with `stop_gap` 0.02: the best-first units leave a gap of 0.2 %, so
     no unit's bound is more than 2 % below the best plan and nothing is polished, not even beside
     the engine candidates (before, one polish ran there and was dropped)."""
-    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
-                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
-                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
-    training = TrainingSpec(global_batch=8, seq_len=2048)
     sent = _finish_batches(monkeypatch)
     for workers in (1, 2):
         sent.clear()
-        res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers, stop_gap=0.02)
+        res = search(*_llama_pool(), cost=COST, workers=workers, stop_gap=0.02)
         assert sent == [[("started",), ("started",)]] and res.stats["units_polished"] == 0
         assert res.gap <= 0.02 and res.stats["stopped_at_gap"] == 1
 
@@ -213,14 +214,10 @@ def test_engine_candidates_are_not_started_past_the_time_limit(monkeypatch) -> N
     """The Llama-2 7B pool above with a time limit that has passed by the first plan: the engine
     candidates are not started beside the units (`UnitPool.start_engines_at_first_plan`), as
     `close_gap` would leave them out too; the Megatron grid still runs last, as a floor."""
-    cluster = ClusterSpec(nodes=[NodeGroup(gpu="H100-SXM5-80GB", nodes=3, gpus_per_node=1),
-                                 NodeGroup(gpu="T4", nodes=3, gpus_per_node=2),
-                                 NodeGroup(gpu="L4", nodes=1, gpus_per_node=4)])
-    training = TrainingSpec(global_batch=8, seq_len=2048)
     sent = _finish_batches(monkeypatch)
     for workers in (1, 2):
         sent.clear()
-        res = search(get_model("llama2-7b"), cluster, training, cost=COST, workers=workers, time_limit=1e-6)
+        res = search(*_llama_pool(), cost=COST, workers=workers, time_limit=1e-6)
         assert res.timed_out and sent[-1] == [("engine",)]  # the grid, after the units
         assert not any(task == ("started",) for batch in sent for task in batch)
         assert res.lower_bound_s <= res.prediction.step_s
