@@ -15,8 +15,9 @@ COST = AnalyticCostModel()
 
 
 def _finish_batches(monkeypatch) -> list[list[tuple]]:
-    """What each `_finish_task` batch sent: ("engine",) or (kind, unit index, lo, hi) for a polish or
-    a refinement; the engine candidates started at the first plan as ("started",) each."""
+    """What each `_finish_task` batch sent: ("engine",), ("last_step",) (of an engine candidate started
+    ahead) or (kind, unit index, lo, hi) for a polish or a refinement; the engine candidates started
+    at the first plan as ("started",) each."""
     from planner.search import parallel
 
     sent: list[list[tuple]] = []
@@ -24,7 +25,7 @@ def _finish_batches(monkeypatch) -> list[list[tuple]]:
 
     def watched(self, fn, args):
         if fn is parallel._finish_task:
-            sent.append([a[:1] if a[0] == "engine" else a[:4] for a in args])
+            sent.append([a[:1] if a[0] in ("engine", "last_step") else a[:4] for a in args])
         return run(self, fn, args)
 
     def started(self):
@@ -123,8 +124,10 @@ def test_the_polish_beside_the_engine_candidates_gives_the_same_answer(monkeypat
     found = _by_workers(_llama_pool(), sent)
     assert found[1][:3] == found[2][:3]
     assert found[1][2]["units_polished"] > 0 and found[1][2]["chain_added"] == 0
-    for workers in (1, 2):  # the engines started, then the polish, once
-        assert [[task[0] for task in batch] for batch in found[workers][3]] == [["started", "started"], ["polish"]]
+    # the engines started, then the chains' re-split and the polish, once (in one process, in turn)
+    batches = {w: [[task[0] for task in batch] for batch in found[w][3]] for w in (1, 2)}
+    assert batches == {1: [["started", "started"], ["last_step"], ["polish"]],
+                       2: [["started", "started"], ["last_step", "polish"]]}
 
 
 def test_a_time_limited_answer_is_never_slower_than_the_best_megatron_grid() -> None:
@@ -169,7 +172,7 @@ def test_a_stop_gap_search_does_not_polish_units_within_the_gap(monkeypatch) -> 
     for workers in (1, 2):
         sent.clear()
         res = search(*_llama_pool(), cost=COST, workers=workers, stop_gap=0.02)
-        assert sent == [[("started",), ("started",)]] and res.stats["units_polished"] == 0
+        assert sent == [[("started",), ("started",)], [("last_step",)]] and res.stats["units_polished"] == 0
         assert res.gap <= 0.02 and res.stats["stopped_at_gap"] == 1
 
 
@@ -204,7 +207,8 @@ def test_a_stop_gap_search_refines_beside_the_engine_candidates(monkeypatch) -> 
     sent = _finish_batches(monkeypatch)
     found = _by_workers(_chain_pool(34, 9), sent, stop_gap=0.02)
     assert found[1][:4] == found[2][:4]
-    assert [[task[0] for task in batch] for batch in found[1][3]] == [["started", "started"], ["refine"]]
+    assert [[task[0] for task in batch] for batch in found[1][3]] == [["started", "started"],
+                                                                      ["last_step", "refine"]]
     assert found[1][2]["units_polished"] == 0 and found[1][2]["stopped_at_gap"] == 1
     res = found[2][4]
     assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
@@ -221,3 +225,28 @@ def test_engine_candidates_are_not_started_past_the_time_limit(monkeypatch) -> N
         assert res.timed_out and sent[-1] == [("engine",)]  # the grid, after the units
         assert not any(task == ("started",) for batch in sent for task in batch)
         assert res.lower_bound_s <= res.prediction.step_s
+
+
+def test_chains_started_at_the_first_plan_are_re_split_against_the_best_plan_when_taken(monkeypatch) -> None:
+    """The 64-GPU ladder pool (Llama-2 13B on 32 A100 + 16 H100 + 16 V100) with `stop_gap` 0.02:
+    the mesh chains start at the first plan (7.080 s), but their re-split (`chain_resplit`) waits
+    until they are taken, against the best plan then (6.995 s). The fastest chain's re-split does
+    not beat that, so it alone is re-split; against the first plan it did, and all eight kept chains
+    were re-split (0.34 s of a worker), for no faster plan."""
+    from benchmarks.search_scale import ladder_cluster
+    from planner.search import chain_resplit
+
+    cutoffs: list[float] = []
+    resplit = chain_resplit.resplit
+
+    def watched(ctx, found, cutoff_s=float("inf")):
+        cutoffs.append(cutoff_s)
+        return resplit(ctx, found, cutoff_s)
+
+    monkeypatch.setattr(chain_resplit, "resplit", watched)
+    model = get_model("llama2-13b")
+    res = search(model, ladder_cluster(64), TrainingSpec(global_batch=256, seq_len=model.seq_len), cost=COST,
+                 workers=1, stop_gap=0.02)
+    first = res.history[0].step_s
+    assert len(cutoffs) == 1 and cutoffs[0] < first
+    assert res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s

@@ -107,6 +107,14 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     recompute mode and cp no longer imposed, each against the best plan and the fastest so far):
     that pool's chains run 67.4 s so (the fastest chain re-split: 69.6 s)."""
     from planner.search.chain_resplit import best_resplit
+
+    return best_resplit(ctx, chain_search(ctx, sizes, cutoff_s, tail_share), cutoff_s)
+
+
+def chain_search(ctx: UnitContext, sizes: list[int], cutoff_s: float,
+                 tail_share: float = 0.0) -> list[tuple[Plan, Prediction] | None]:
+    """The chains `chain_candidate` re-splits: the `flagscale_grid._KEEP` fastest that beat
+    `cutoff_s` (every chain where it is infinite), fastest first."""
     from planner.search.flagscale_grid import flagscale_plans
 
     if math.isinf(cutoff_s):  # no plan yet (`api.search`): every chain, as `--target flagscale`
@@ -115,10 +123,25 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
         budget = CHAIN_DEEP_DP if tail_share >= CHAIN_TAIL_SHARE else CHAIN_MAX_DP
         found, _ = flagscale_plans(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s,
                                    max_dp=budget)
+    return found
+
+
+def resplit_chains(ctx: UnitContext, found: list[tuple[Plan, Prediction] | None],
+                   cutoff_s: float) -> tuple[Plan, Prediction] | None:
+    """`chain_candidate`'s last step on the chains `chain_search` kept (`chain_resplit.best_resplit`)."""
+    from planner.search.chain_resplit import best_resplit
+
     return best_resplit(ctx, found, cutoff_s)
 
 
 ENGINE_CANDIDATES = {"megatron_grid": megatron_grid_candidate, "chain": chain_candidate}
+# engine candidates in two steps, (search, last step): started at the first plan
+# (`parallel.UnitPool.start_engines_at_first_plan`) only the search runs then; the last step runs
+# when their outs are taken, against the best plan then. The re-split of the chains kept re-splits
+# all of them where the fastest one's re-split beats its cutoff: against the first plan (64-GPU
+# ladder rung, 7.080 s) all eight were re-split, 0.34 s; against the best plan when taken
+# (6.995 s) one was.
+ENGINE_STEPS = {"chain": (chain_search, resplit_chains)}
 # engine candidates that run even past a time limit: a time-limited answer is never slower than
 # the best Megatron grid (on the 64, 1,024 and 16,384-GPU ladder pools with a 1 s limit the answer
 # had trailed it by 0.2-10.6, 4.5 and 6.7 %), for the grid's time under the best plan's cutoff

@@ -7,7 +7,8 @@ loop (`UnitPool`, `workers > 1`) or in turn, and their plans, bounds and counts 
 order. The batch size is fixed, so the plan, the bound and the counts never depend on `workers` (a
 test checks it). Two kinds of task run ahead of their turn without changing that: the engine
 candidates started at the first plan, against it, beside the units
-(`UnitPool.start_engines_at_first_plan`; in one process they run there and then), and the polish
+(`UnitPool.start_engines_at_first_plan`; in one process they run there and then; a last step, such
+as the chains' re-split, waits until they are taken, against the best plan then), and the polish
 beside the early engine candidates (`UnitPool.speculate`), taken only where its arguments are
 those of the polish that comes next.
 
@@ -22,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.search.candidates import ENGINE_CANDIDATES
+from planner.search.candidates import ENGINE_CANDIDATES, ENGINE_STEPS
 from planner.search.frontier_workers import can_fork
 from planner.search.lift import lift_unit
 from planner.search.templates import PackedTemplates, Template
@@ -157,17 +158,21 @@ def _polish_task(args: tuple[int, int, int, float, PackedTemplates | list, float
 
 def _finish_task(args: tuple) -> tuple:
     """A polish (`_polish_task`), a refinement (`_refine_task`) or an engine candidate
-    (`candidates.ENGINE_CANDIDATES`: its plan or None, and its seconds), so they share one batch
-    of worker tasks."""
+    (`candidates.ENGINE_CANDIDATES`: its plan or None, and its seconds; "search" and "last_step":
+    the two steps of one in `candidates.ENGINE_STEPS`, the whole of one that has none), so they
+    share one batch of worker tasks."""
     assert _SEARCH is not None
     if args[0] == "polish":
         return _polish_task(args[1:])
     if args[0] == "refine":
         return _refine_task(args[1:])
-    _, name, sizes, cutoff_s, tail_share = args
     start = time.perf_counter()
-    found = ENGINE_CANDIDATES[name](_SEARCH.ctx, sizes, cutoff_s, tail_share)
-    return found, time.perf_counter() - start
+    if args[0] == "last_step":  # of an engine started ahead (`UnitPool.start_engines_at_first_plan`)
+        _, name, searched, cutoff_s = args
+        return ENGINE_STEPS[name][1](_SEARCH.ctx, searched, cutoff_s), time.perf_counter() - start
+    kind, name, sizes, cutoff_s, tail_share = args
+    run = ENGINE_STEPS[name][0] if kind == "search" and name in ENGINE_STEPS else ENGINE_CANDIDATES[name]
+    return run(_SEARCH.ctx, sizes, cutoff_s, tail_share), time.perf_counter() - start
 
 
 def _packed(templates: list[Template] | PackedTemplates) -> PackedTemplates:
@@ -242,8 +247,10 @@ class UnitPool:
         (`solve`), against that plan: in the worker processes, beside the units still to solve (so
         that the mesh chains, the longest task of the search's last phase, no longer run alone at its
         end), or, in one process, there and then. The first `finish`, `speculate` or
-        `engines_beside_refinement` that asks for the same engines takes their outs. The cutoff is
-        the plan of the same batch however many workers run, so the answer does not depend on it."""
+        `engines_beside_refinement` that asks for the same engines takes their outs, running then
+        the last step of those that have one (`candidates.ENGINE_STEPS`) against the best plan of
+        that moment. The cutoff is the plan of the same batch however many workers run, so the
+        answer does not depend on it."""
         self._to_start = (tuple(engines), sizes)
 
     def _start_engines(self) -> None:
@@ -255,18 +262,33 @@ class UnitPool:
         if limit is not None and time.perf_counter() - self._search.start > limit:
             return
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
-        tasks = [("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in names]
+        tasks = [("search", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in names]
         started = self._in_turn(_finish_task, tasks) if self._pool is None else self._pool.map_async(
             _finish_task, tasks, chunksize=1)
         self._started = (names, started)
 
-    def _started_outs(self, engines: list[str]) -> list | None:
-        """The outs of the engines started ahead (`start_engines_at_first_plan`), if those are
-        `engines` (taken once), else None."""
+    def _engine_tasks(self, engines: list[str], sizes: list[int], best: float,
+                      share: float) -> tuple[list[tuple], Callable[[list], list]]:
+        """The tasks that give the outs of the engine candidates `engines` against the best plan
+        `best` (its tail `share` of its step): each one's whole run, or, where they were started at
+        the first plan (`start_engines_at_first_plan`; taken once), the last steps of those that
+        have one (`candidates.ENGINE_STEPS`). With a function from those tasks' outs to the
+        engines' (plan or None, seconds)."""
         if self._started is None or self._started[0] != tuple(engines):
-            return None
+            return [("engine", name, sizes, best, share) for name in engines], list
         (_, got), self._started = self._started, None
-        return got if isinstance(got, list) else got.get()
+        searched = got if isinstance(got, list) else got.get()
+        tasks = [("last_step", name, out, best) for name, (out, _) in zip(engines, searched) if name in ENGINE_STEPS]
+
+        def outs_of(last: list) -> list:
+            steps, outs = iter(last), []
+            for name, (out, spent) in zip(engines, searched):
+                if name in ENGINE_STEPS:
+                    out, more = next(steps)
+                    spent += more
+                outs.append((out, spent))
+            return outs
+        return tasks, outs_of
 
     def solve(self, batch: list[Unit], prune: float = 1e-3) -> bool:
         """Solve a batch of units against the best plan known now (a unit whose bound is within
@@ -340,12 +362,10 @@ class UnitPool:
         do the same."""
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
         ratios = [su.next_ratio() for su in refines]
-        started = self._started_outs(engines)
-        tasks = [] if started is not None else [
-            ("engine", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in engines]
+        tasks, outs_of = self._engine_tasks(engines, sizes, top.step_s, top.prediction.tail_s / top.step_s)
         outs, _ = self._map(_finish_task, tasks + self._refine_tasks(refines, ratios, deadline, goal_s))
         self._take_refined(refines, ratios, outs[len(tasks):])
-        return started if started is not None else outs[:len(engines)]
+        return outs_of(outs[:len(tasks)])
 
     @property
     def parallel(self) -> bool:
@@ -404,15 +424,14 @@ class UnitPool:
         # the engine candidates first: each is usually longer than a polish, and one started last
         # leaves the other worker idle (1,024-GPU ladder rung: the Megatron grid's 0.75 s after
         # a 0.37 s polish, beside a 0.5 s one)
-        started = self._started_outs(engines) if engines else None
-        tasks = [] if started is not None else [("engine", name, sizes, best, share) for name in engines]
+        tasks, outs_of = self._engine_tasks(engines, sizes, best, share) if engines else ([], list)
         n_engines = len(tasks)
         tasks += [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline,
                    whole_gap) for su in todo]
         outs, forked = self._map(_finish_task, tasks) if tasks else ([], False)
         ran = iter((out, forked) for out in outs[n_engines:])
         polish = [ahead[k] if k in ahead else next(ran) for k in keys]
-        return (started if started is not None else outs[:n_engines]), polish
+        return outs_of(outs[:n_engines]), polish
 
     def split(self, su: SolvedUnit) -> None:
         """Replace a solved unit of a wide replica class by its parts (`split_counts`), each solved
