@@ -105,13 +105,17 @@ class RowCodes:
     def of(cls, keys: list[Hashable], rows: list[Row], n: int) -> RowCodes:
         at = {key: i for i, key in enumerate(keys)}
         live = [r for r in dict.fromkeys(rows) if _is_live(r, n)]
-        longest = max((sum(k for _, k in _runs(r)) for r in live), default=0)
-        total = np.zeros(len(live), dtype=np.int64)
-        rev = np.zeros((len(live), longest + 1), dtype=np.int64)
-        for b, row in enumerate(live):
-            seq = [at[x] for x, k in _runs(row) for _ in range(k)]
-            total[b] = len(seq)
-            rev[b, 1:len(seq) + 1] = seq[::-1]
+        # run by run, then stage by stage with np.repeat (a loop over every stage of ~2,000 rows
+        # per call took 10 ms, and every unit worker codes each microbatch size's rows again)
+        runs = np.fromiter((len(r) // 2 for r in live), dtype=np.int64, count=len(live))
+        kinds = np.fromiter((at[x] for r in live for x in r[0::2]), dtype=np.int64, count=int(runs.sum()))
+        counts = np.fromiter((k for r in live for k in r[1::2]), dtype=np.int64, count=int(runs.sum()))
+        stage_row = np.repeat(np.repeat(np.arange(len(live)), runs), counts)
+        total = np.bincount(stage_row, minlength=len(live)).astype(np.int64)
+        rev = np.zeros((len(live), int(total.max(initial=0)) + 1), dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(total)[:-1]]).astype(np.int64) if len(live) else total
+        position = np.arange(len(stage_row)) - first[stage_row]  # 0: the row's first stage
+        rev[stage_row, total[stage_row] - position] = np.repeat(kinds, counts)
         return cls(live, total, rev)
 
 

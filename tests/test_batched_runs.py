@@ -184,6 +184,30 @@ def test_three_run_rows_match_the_general_dp(seed: int) -> None:
         assert [(round(a, 9), round(c, 9)) for a, c in capped.get(i, [])] == want
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_row_codes_list_each_rows_stage_types_from_its_end(seed: int) -> None:
+    """`RowCodes.of` (built run by run with `np.repeat`): rows deduplicated in first-seen order,
+    rows with no stage or more stages than slots left out, and rev[b, r] the type index of row b's
+    r-th stage from the end, as spelled out stage by stage."""
+    import random
+
+    from solvers.batched_runs import RowCodes, row_skeleton
+
+    rng = random.Random(seed)
+    keys = ["x", "y", "z", "w"]
+    rows = [tuple(v for _ in range(rng.randint(1, 3)) for v in (rng.choice(keys), rng.randint(0, 5)))
+            for _ in range(300)]
+    rows += [(), ("x", 0), ("y", 20), rows[0]]
+    codes = RowCodes.of(keys, rows, 12)
+    live = [r for r in dict.fromkeys(rows) if 1 <= sum(r[1::2]) <= 12]
+    assert codes.live == live
+    for b, row in enumerate(live):
+        stages = [keys.index(x) for x in row_skeleton(row)]
+        assert codes.total[b] == len(stages)
+        assert codes.rev[b, 1:len(stages) + 1].tolist() == stages[::-1]
+        assert not codes.rev[b, len(stages) + 1:].any()
+
+
 def test_rows_and_skeletons_convert_both_ways() -> None:
     from solvers.batched_runs import row_skeleton, skeleton_row
 
