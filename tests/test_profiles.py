@@ -275,3 +275,31 @@ def test_shipped_profiles_serve_a_plan_on_a100_and_v100() -> None:
         pred = evaluate(plan, cluster, cost=cost)
         assert set(pred.cost_sources.values()) == {"measured"}, pred.cost_sources
     assert cost.fallbacks == []
+
+
+def test_shipped_h200_profiles_are_gpu_measurements_that_serve_a_plan() -> None:
+    """`profiles/h200/` (measured with `hetplan profile` on an H200): each file says it ran on CUDA on an
+    H200; a Llama-2 13B plan with tp 2 on one 8-GPU node is costed from them alone, each decoder getting
+    one rank's measured compute plus the analytic TP collectives (the profile timed none), and the step
+    comes out faster than the analytic model's (the measured kernels run at ~0.75 of its H200 times)."""
+    folder = SHIPPED / "h200"
+    profiles = load_profiles(folder)
+    assert {p.model for p in profiles} == {"llama2-13b", "llama2-70b", "opt-350m", "gpt-neo-2.7b"}
+    for prof in profiles:
+        assert prof.gpu == "H200-SXM-141GB" and prof.source == "measured"
+        assert prof.meta["device_kind"] == "cuda" and "H200" in prof.meta["device"]
+    model, training = get_model("llama2-13b"), TrainingSpec(global_batch=32, seq_len=4096)
+    cluster = ClusterSpec.model_validate({"nodes": [{"gpu": "H200", "gpus_per_node": 8}]})
+    plan = uniform_plan(model, training, cluster, tp=2, pp=2, micro_batch=2)
+    cost = MeasuredCostModel.from_dir(folder)
+    pred = evaluate(plan, cluster, cost=cost)
+    assert pred.cost_sources == {"H200-SXM-141GB": "measured"} and cost.fallbacks == []
+    assert pred.step_s < evaluate(plan, cluster, cost=AnalyticCostModel()).step_s
+    prof = next(p for p in profiles if p.model == "llama2-13b")
+    entry = next(e for e in prof.entries if (e.layer, e.tp, e.micro_batch, e.recompute) == ("decoder", 2, 2, "none"))
+    gpu = get_gpu("H200")
+    dev = DeviceClass(gpu, 8, gpu.intra_bw_gbs, gpu.nic_gbps / 8.0)
+    shard = Shard(2, 1, 1, 2, "none", 4096)
+    table = cost.layer_table(dev, shard, model, training)
+    comm = AnalyticCostModel().tp_collective_s(dev, shard, model, training)
+    assert comm > 0 and table.fwd_s[1] == pytest.approx(entry.fwd_ms / 1e3 + comm)
