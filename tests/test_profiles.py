@@ -284,7 +284,8 @@ def test_shipped_h200_profiles_are_gpu_measurements_that_serve_a_plan() -> None:
     comes out faster than the analytic model's (the measured kernels run at ~0.75 of its H200 times)."""
     folder = SHIPPED / "h200"
     profiles = load_profiles(folder)
-    assert {p.model for p in profiles} == {"llama2-13b", "llama2-70b", "opt-350m", "gpt-neo-2.7b"}
+    assert {p.model for p in profiles} == {"llama2-13b", "llama2-70b", "llama3-8b", "opt-30b", "opt-350m",
+                                           "gpt-neo-2.7b"}
     for prof in profiles:
         assert prof.gpu == "H200-SXM-141GB" and prof.source == "measured"
         assert prof.meta["device_kind"] == "cuda" and "H200" in prof.meta["device"]
