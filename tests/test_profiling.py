@@ -70,7 +70,8 @@ def test_cpu_profile_validates_and_records_its_provenance(tiny_profile: Path) ->
         assert key in prof.meta, f"meta lacks {key}"
     assert prof.meta["torch"] == torch.__version__ and "not measured" in prof.meta["memory"]
     kinds = {(e.layer, e.recompute) for e in prof.entries}
-    assert kinds == {("embedding", "none"), ("decoder", "none"), ("decoder", "full"), ("head", "none")}
+    assert kinds == {("embedding", "none"), ("decoder", "none"), ("decoder", "selective"), ("decoder", "full"),
+                     ("head", "none")}
     assert {(e.tp, e.micro_batch, e.seq_len) for e in prof.entries} == {(t, m, SEQ) for t in (1, 2) for m in (1, 8)}
 
 
@@ -106,6 +107,32 @@ def test_full_recompute_stashes_only_the_block_input(tiny_profile: Path) -> None
         per_token = 8 * TINY.hidden + (4 * TINY.hidden + 4 * TINY.kv_dim + 6 * TINY.ffn_hidden) / tp
         ratio = none.act_bytes / (per_token * 8 * SEQ)
         assert 0.5 < ratio < 2.0, f"tp {tp}: saved bytes {ratio:.2f}x the analytic formula"
+
+
+def test_selective_recompute_drops_the_mlp_activation_output(tiny_profile: Path) -> None:
+    """With flash attention `selective` recomputes the MLP activation function: it stashes exactly one
+    activation-wide tensor less than no recompute (the analytic model's `act_fn_out`, one bf16 value
+    per token and ffn / tp column), far more than `full`."""
+    from planner.costmodel.shapes import decoder_activation_bytes
+
+    per_token = decoder_activation_bytes(TINY).act_fn_out
+    for tp in (1, 2):
+        none, sel, full = (_entry(tiny_profile, "decoder", tp, 8, m) for m in ("none", "selective", "full"))
+        assert none.act_bytes - sel.act_bytes == 8 * SEQ * per_token / tp
+        assert sel.act_bytes > 4 * full.act_bytes
+
+
+def test_selective_recompute_with_naive_attention_drops_the_score_matrix(tmp_path: Path) -> None:
+    """With naive attention `selective` recomputes the attention core instead (Korthikanti et al.):
+    the bf16 softmax probabilities, one seq x seq matrix per head, are no longer stashed."""
+    out = tmp_path / "naive.json"
+    code, _, _ = _cli(["profile", "--model", "tiny", "--tp", "1", "--mbs", "2", "--seq", "32", "--device", "cpu",
+                       "--attention", "naive", "--warmup", "0", "--reps", "1", "--threads", "1", "--gpu-name",
+                       "A100-40", "--max-spread", "1000", "--out", str(out)])
+    assert code == 0
+    none, sel, full = (_entry(out, "decoder", 1, 2, m) for m in ("none", "selective", "full"))
+    assert none.act_bytes - sel.act_bytes >= 2 * TINY.num_heads * 32 * 32 * 2
+    assert sel.act_bytes > full.act_bytes
 
 
 def test_profile_serves_the_measured_cost_model_and_the_search(tiny_profile: Path) -> None:

@@ -8,6 +8,7 @@ whether the profile may be written (`check_spread`).
 Recompute `full` (decoder only) means activation checkpointing: the block runs under
 `torch.utils.checkpoint` (non-reentrant), so its forward stashes only the block input and its backward
 runs the forward again before the gradients: `bwd_ms` includes the recompute, as the format defines.
+`selective` checkpoints only the part the cost model's selective recompute drops (`layers.Decoder`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ KINDS = ("embedding", "decoder", "head")
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 RECOMPUTE_MEANING = ("full (decoder only): the block runs under torch.utils.checkpoint (non-reentrant); "
                      "fwd_ms is that forward, bwd_ms the forward again plus the backward, act_bytes the "
-                     "block input; embedding and head have no recompute")
+                     "block input; selective (decoder only): with flash attention the MLP activation "
+                     "function, with naive attention the attention core, runs under it, bwd_ms includes "
+                     "recomputing it and act_bytes is what autograd then saves; embedding and head have "
+                     "no recompute")
 SPREAD_MEANING = "(max - min) / median over the recorded repetitions of one forward or backward"
 
 
@@ -48,7 +52,7 @@ class ProfileRequest:
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     warmup: int = 2
     reps: int = 5
-    recompute: tuple[str, ...] = ("none", "full")
+    recompute: tuple[str, ...] = ("none", "selective", "full")
     attention: Literal["flash", "naive"] = "flash"
     gpu_name: str | None = None
     seed: int = 0
@@ -164,6 +168,9 @@ def _measure(torch: Any, clock: Clock, module: Any, kind: str, tp: int, b: int, 
         x = torch.randn(b, s, h, device=dev, dtype=dtype, requires_grad=True)
         return (x, torch.randint(0, vocab_shard, (b, s), device=dev)) if kind == "head" else (x,)
 
+    if hasattr(module, "selective"):
+        module.selective = recompute == "selective"
+
     def forward(args: tuple[Any, ...]) -> Any:
         if recompute == "full":
             from torch.utils.checkpoint import checkpoint
@@ -236,8 +243,8 @@ def _check_request(req: ProfileRequest) -> None:
     if req.threads is not None and req.threads < 1:
         raise HetplanError("--threads", "must be >= 1")
     for mode in req.recompute:
-        if mode not in ("none", "full"):
-            raise HetplanError("--recompute", f"'{mode}' cannot be measured (none, full)")
+        if mode not in ("none", "selective", "full"):
+            raise HetplanError("--recompute", f"'{mode}' cannot be measured (none, selective, full)")
     if "none" not in req.recompute:
         raise HetplanError("--recompute", "'none' is required (embedding and head are measured without)")
     for tp in req.tps:

@@ -60,7 +60,13 @@ class Embedding(nn.Module):
 
 
 class Decoder(nn.Module):
-    """One rank's shard of a decoder block: attention with GQA, SwiGLU or GELU MLP."""
+    """One rank's shard of a decoder block: attention with GQA, SwiGLU or GELU MLP. With `selective`
+    set (per measurement) the part the cost model's selective recompute drops runs under
+    `torch.utils.checkpoint`: with flash attention the MLP activation function (its output width of
+    stashed bytes is recomputed in the backward), with naive attention the attention core (the
+    score matrix, Korthikanti et al.)."""
+
+    selective = False
 
     def __init__(self, model: ModelSpec, tp: int, attention: str) -> None:
         super().__init__()
@@ -93,18 +99,27 @@ class Decoder(nn.Module):
         probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         return F.dropout(probs, p, self.training) @ v
 
+    def _activation(self, y: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            gate, up = y.chunk(2, dim=-1)
+            return F.silu(gate) * up
+        return F.gelu(y)
+
+    def _recomputed(self, fn, *args: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - a bound method
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(fn, *args, use_reentrant=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         qkv = self.qkv(self.norm1(x)).view(b, s, self.q_heads + 2 * self.kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.q_heads, self.kv_heads, self.kv_heads], dim=2)
-        o = self._attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = (t.transpose(1, 2) for t in qkv.split([self.q_heads, self.kv_heads, self.kv_heads], dim=2))
+        o = (self._recomputed(self._attention, q, k, v) if self.selective and self.naive
+             else self._attention(q, k, v))
         x = x + self.drop(self.proj(o.transpose(1, 2).reshape(b, s, self.q_heads * self.head_dim)))
         y = self.up(self.norm2(x))
-        if self.swiglu:
-            gate, up = y.chunk(2, dim=-1)
-            y = F.silu(gate) * up
-        else:
-            y = F.gelu(y)
+        y = (self._recomputed(self._activation, y) if self.selective and not self.naive
+             else self._activation(y))
         return x + self.drop(self.down(y))
 
 
