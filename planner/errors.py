@@ -18,6 +18,12 @@ class HetplanError(ValueError):
         self.reason = reason
         super().__init__(f"{field}: {reason}" if field else reason)
 
+    def __reduce__(self) -> tuple:
+        """Pickle as (field, reason): a search's worker processes send errors back to the parent,
+        and the default (the message alone) could not be rebuilt there, which left the parent
+        waiting forever on a pool whose result thread had died."""
+        return type(self), (self.field, self.reason)
+
 
 class InfeasibleError(HetplanError):
     """No plan exists for these inputs (memory, batch, cluster)."""

@@ -165,3 +165,25 @@ def test_range_max_is_the_largest_value_of_each_layer_range() -> None:
         i_idx, j_idx = np.triu_indices(n + 1, k=1)
         want = [values[i:j].max() for i, j in zip(i_idx.tolist(), j_idx.tolist())]
         assert _range_max(values, i_idx, j_idx).tolist() == want
+
+
+def _raise_input_error(field: str) -> None:
+    from planner.errors import InfeasibleError
+
+    raise InfeasibleError(field, "no measurement for this point")
+
+
+def test_an_error_raised_in_a_worker_process_reaches_the_parent() -> None:
+    """A `HetplanError` raised in a forked worker travels back pickled; rebuilt from its message alone
+    it failed in the pool's result thread, which died and left the parent waiting forever (a
+    measured-only search on an H200 pool hung that way when the Megatron grid met an unmeasured
+    microbatch size)."""
+    import multiprocessing as mp
+
+    from planner.errors import InfeasibleError
+
+    with mp.get_context("fork").Pool(1) as pool:
+        pending = pool.apply_async(_raise_input_error, ("profile",))
+        with pytest.raises(InfeasibleError) as err:
+            pending.get(timeout=60)
+    assert (err.value.field, err.value.reason) == ("profile", "no measurement for this point")

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from planner.costmodel.base import CostModel, Shard
-from planner.search.space import powers_of_two_upto
+from planner.search.space import costable_table, powers_of_two_upto
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -38,12 +38,12 @@ def pool_low(model: ModelSpec, training: TrainingSpec, cost: CostModel, key: tup
              low: dict) -> float:
     """A's least value for grids of this (tp, cp, microbatch size, recompute) `key` on any
     placement: the sum over layers of the cheapest F+B any GPU type of the pool has (`low`:
-    shared across grids)."""
+    shared across grids); inf where no type's cost model can cost the shard (`costable_table`)."""
     if key not in low:
         tp, cp, b, recompute = key
         shard = Shard(tp, cp, 1, b, recompute, training.seq_len)
-        per_dev = [cost.layer_table(dev, shard, model, training) for dev in devs]
-        low[key] = float(np.minimum.reduce([t.fwd_s + t.bwd_s for t in per_dev]).sum())
+        per_dev = [t for dev in devs if (t := costable_table(cost, dev, shard, model, training)) is not None]
+        low[key] = float(np.minimum.reduce([t.fwd_s + t.bwd_s for t in per_dev]).sum()) if per_dev else math.inf
     return low[key]
 
 

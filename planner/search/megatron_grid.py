@@ -27,7 +27,7 @@ from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices, expand_devices
 from planner.search.grid_listing import Grid, every_grid, grids_within, prefix_gpus, step_bound
 from planner.search.options import OptionContext, build_options
-from planner.search.space import ResourceClass, StageShape
+from planner.search.space import ResourceClass, StageShape, costable_table
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -160,17 +160,24 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
     least A / pp, and at least the least C at which the stages, holding whole decoder layers each
     costing at least its type's cheapest decoder layer, hold all of them (`_least_bottleneck`). A
     pipeline takes at least A + (m - 1)·C. When the A / pp term alone reaches `cutoff_s`, that
-    weaker bound is returned (the grid is pruned either way)."""
+    weaker bound is returned (the grid is pruned either way); inf where some GPU type of the
+    grid's cannot cost its shard (`costable_table`: the grid is not in the searched space)."""
     _, tp, cp, pp, b, recompute = grid
     _, _, m, devs, per_type, _ = placement
     key = (tuple(dev.key for dev in devs), tp, cp, b, recompute)
     if key not in work:
         per_dev = {}
         for dev in devs:
-            table = cost.layer_table(dev, Shard(tp, cp, 1, b, recompute, training.seq_len), model, training)
+            table = costable_table(cost, dev, Shard(tp, cp, 1, b, recompute, training.seq_len), model, training)
+            if table is None:
+                break
             per_dev[dev.key] = table.fwd_s + table.bwd_s
-        a_low = float(np.minimum.reduce(list(per_dev.values())).sum())
-        work[key] = (a_low, {k: float(np.min(w[1:-1])) if len(w) > 2 else 0.0 for k, w in per_dev.items()}, {})
+        else:
+            a_low = float(np.minimum.reduce(list(per_dev.values())).sum())
+            work[key] = (a_low, {k: float(np.min(w[1:-1])) if len(w) > 2 else 0.0 for k, w in per_dev.items()}, {})
+        work.setdefault(key, None)
+    if work[key] is None:
+        return math.inf
     a_low, per_decoder, c_of = work[key]
     weak = step_bound(a_low, a_low / pp, m, cost)
     if weak >= cutoff_s:
@@ -183,7 +190,8 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
 
 def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost: CostModel, grid: Grid,
             placement: tuple, options: dict, costs: dict | None = None) -> _Layout | None:
-    """The grid's layout on its `placement`, or None when no split fits memory. Bound: A_min, C_min
+    """The grid's layout on its `placement`, or None when no split fits memory or some stage's
+    shard cannot be costed (`space.costable_table`). Bound: A_min, C_min
     and E_min, the least A, least largest F+B and least largest tail over memory-feasible splits,
     each minimised on its own; every 1F1B or GPipe pipeline of the grid takes at least
     A_min + (m - 1)·C_min (and C >= A / pp), and the evaluator adds the largest tail and the step
@@ -197,7 +205,12 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
     for (_, group), dev in zip(stage_nodes, placement[5]):
         key = (dev.key, shape, b, dp)
         if key not in options:
-            options[key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx)
+            costable = costable_table(cost, dev, Shard(tp, cp, 1, b, recompute, training.seq_len), model,
+                                      training) is not None
+            options[key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx) if costable \
+                else None
+        if options[key] is None:
+            return None
         positions.append(options[key])
     flight = min(m, pp)
     least = best_split(positions, max_in_flight=flight, memo=costs)

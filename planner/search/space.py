@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.costmodel.base import CostModel, DeviceClass, Shard, device_class_of
+from planner.costmodel.base import CostModel, DeviceClass, LayerTable, Shard, device_class_of
 from planner.errors import HetplanError
 from planner.specs.cluster import ClusterSpec
 from planner.specs.models import ModelSpec
@@ -120,19 +120,23 @@ def stage_shapes(model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
     return sorted(out)
 
 
+def costable_table(cost: CostModel, dev: DeviceClass, shard: Shard, model: ModelSpec,
+                   training: TrainingSpec) -> LayerTable | None:
+    """The layer table of `shard` on `dev`, or None where the cost model cannot cost it: a strict
+    measured-profile model raises for points it has not measured, and every search (the units, the
+    Megatron grids, the mesh chains) leaves those out rather than guessing them."""
+    try:
+        return cost.layer_table(dev, shard, model, training)
+    except HetplanError:
+        return None
+
+
 def costable_shapes(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass,
                     micro_batch: int, cross_node: bool = False) -> list[StageShape]:
-    """`stage_shapes` the cost model can cost. A strict measured-profile model raises for points it
-    has not measured; those shapes are left out of the search rather than guessed."""
-    out = []
-    for shape in stage_shapes(model, training, rc, micro_batch, cross_node):
-        try:
-            cost.layer_table(rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
-                                           shape.recompute, training.seq_len), model, training)
-        except HetplanError:
-            continue
-        out.append(shape)
-    return out
+    """`stage_shapes` the cost model can cost (`costable_table`)."""
+    return [shape for shape in stage_shapes(model, training, rc, micro_batch, cross_node)
+            if costable_table(cost, rc.dev, Shard(shape.tp, shape.cp, shape.hp, micro_batch // shape.dp,
+                                                  shape.recompute, training.seq_len), model, training) is not None]
 
 
 def block_types(shapes_by_class: dict[int, list[StageShape]]) -> dict[BlockType, list[StageShape]]:
