@@ -304,3 +304,17 @@ def test_shipped_h200_profiles_are_gpu_measurements_that_serve_a_plan() -> None:
     table = cost.layer_table(dev, shard, model, training)
     comm = AnalyticCostModel().tp_collective_s(dev, shard, model, training)
     assert comm > 0 and table.fwd_s[1] == pytest.approx(entry.fwd_ms / 1e3 + comm)
+
+
+def test_a_measured_only_search_leaves_unmeasured_points_out() -> None:
+    """Measured H200 points only (no analytic fallback), and the search's microbatch sizes run to 16
+    where the profiles stop at 8: the units leave those shapes out (`space.costable_shapes`), and so
+    do the Megatron grids now (`space.costable_table`), which had raised for them mid-search."""
+    from planner.search import search
+
+    cost = MeasuredCostModel.from_dir(SHIPPED / "h200")
+    cluster = ClusterSpec.model_validate({"nodes": [{"gpu": "H200", "nodes": 2, "gpus_per_node": 8}]})
+    res = search(get_model("llama2-13b"), cluster, TrainingSpec(global_batch=64, seq_len=4096), cost=cost,
+                 workers=1)
+    assert res.prediction.cost_sources == {"H200-SXM-141GB": "measured"} and cost.fallbacks == []
+    assert res.plan.micro_batch <= 8 and res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
