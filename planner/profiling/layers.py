@@ -19,6 +19,7 @@ Imports torch at module import: only `planner.profiling.build` imports this modu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,7 +106,7 @@ class Decoder(nn.Module):
             return F.silu(gate) * up
         return F.gelu(y)
 
-    def _recomputed(self, fn, *args: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - a bound method
+    def _recomputed(self, fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
         return checkpoint(fn, *args, use_reentrant=False)

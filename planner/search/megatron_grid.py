@@ -166,16 +166,14 @@ def _work_bound(model: ModelSpec, training: TrainingSpec, cost: CostModel, grid:
     _, _, m, devs, per_type, _ = placement
     key = (tuple(dev.key for dev in devs), tp, cp, b, recompute)
     if key not in work:
-        per_dev = {}
-        for dev in devs:
-            table = costable_table(cost, dev, Shard(tp, cp, 1, b, recompute, training.seq_len), model, training)
-            if table is None:
-                break
-            per_dev[dev.key] = table.fwd_s + table.bwd_s
+        shard = Shard(tp, cp, 1, b, recompute, training.seq_len)
+        tables = [costable_table(cost, dev, shard, model, training) for dev in devs]
+        if any(t is None for t in tables):
+            work[key] = None
         else:
+            per_dev = {dev.key: t.fwd_s + t.bwd_s for dev, t in zip(devs, tables)}
             a_low = float(np.minimum.reduce(list(per_dev.values())).sum())
             work[key] = (a_low, {k: float(np.min(w[1:-1])) if len(w) > 2 else 0.0 for k, w in per_dev.items()}, {})
-        work.setdefault(key, None)
     if work[key] is None:
         return math.inf
     a_low, per_decoder, c_of = work[key]
@@ -205,10 +203,10 @@ def _layout(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, cost
     for (_, group), dev in zip(stage_nodes, placement[5]):
         key = (dev.key, shape, b, dp)
         if key not in options:
-            costable = costable_table(cost, dev, Shard(tp, cp, 1, b, recompute, training.seq_len), model,
-                                      training) is not None
-            options[key] = build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx) if costable \
-                else None
+            shard = Shard(tp, cp, 1, b, recompute, training.seq_len)
+            costable = costable_table(cost, dev, shard, model, training) is not None
+            options[key] = (build_options(cost, ResourceClass(0, dev, group.nodes, ()), [shape], ctx)
+                            if costable else None)
         if options[key] is None:
             return None
         positions.append(options[key])
