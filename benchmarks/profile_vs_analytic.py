@@ -1,7 +1,8 @@
 """Analytic model vs measured profiles: decoder-layer fwd+bwd per (model, GPU, tp, microbatch).
 
     python benchmarks/profile_vs_analytic.py [--profiles profiles/sailor] [--attention naive] [--csv out.csv]
-    python benchmarks/profile_vs_analytic.py --profiles profiles/h200 --attention flash
+    python benchmarks/profile_vs_analytic.py --profiles profiles/h200 --attention flash --by-tp
+    python benchmarks/profile_vs_analytic.py --profiles profiles/h200 --ratio-to profiles/sailor --quiet
 
 Prints one row per measured decoder entry, then the mean absolute percentage error (MAPE) and the median
 measured/analytic ratio per GPU type, over all files and over the files without import warnings. The
@@ -56,6 +57,41 @@ def compare(profile_dir: Path, knobs: Knobs, attention: str, sp: bool) -> list[d
     return rows
 
 
+def by_tp(rows: list[dict]) -> list[str]:
+    """Markdown rows: per model, per tp, measured / analytic as min / median / max over microbatches."""
+    tps = sorted({r["tp"] for r in rows})
+    out = ["| model | " + " | ".join(f"tp {t}" for t in tps) + " |", "| --- |" + " --- |" * len(tps)]
+    for model in sorted({r["model"] for r in rows}):
+        cells = []
+        for t in tps:
+            v = [r["measured_ms"] / r["analytic_ms"] for r in rows if r["model"] == model and r["tp"] == t]
+            cells.append(f"{min(v):.2f} / {statistics.median(v):.2f} / {max(v):.2f}" if v else "")
+        out.append(f"| {model} | " + " | ".join(cells) + " |")
+    return out
+
+
+def decoder_ms(prof) -> dict[tuple[int, int, int], float]:  # noqa: ANN001 - a loaded Profile
+    """Decoder fwd+bwd without recompute by (tp, microbatch, sequence length)."""
+    return {(e.tp, e.micro_batch, e.seq_len): e.fwd_ms + e.bwd_ms for e in prof.entries
+            if e.layer == "decoder" and e.recompute == "none" and e.cp == e.hp == 1}
+
+
+def ratios(profile_dir: Path, other_dir: Path) -> list[tuple[str, str, int, float, float]]:
+    """Per model of `profile_dir` and GPU of `other_dir`'s file of that model: (model, its GPU,
+    shapes in common, least and largest ratio of the other file's decoder time to this one's)."""
+    mine = {p.model: decoder_ms(p) for p in load_profiles(profile_dir)}
+    out = []
+    for other in load_profiles(other_dir):
+        if other.model not in mine:
+            continue
+        theirs, ours = decoder_ms(other), mine[other.model]
+        common = sorted(set(ours) & set(theirs))
+        if common:
+            r = [theirs[k] / ours[k] for k in common]
+            out.append((other.model, other.gpu, len(common), min(r), max(r)))
+    return sorted(out)
+
+
 def summary(rows: list[dict]) -> list[tuple[str, int, float, float, int, float, float]]:
     """(gpu, n, MAPE, median measured/analytic, n unflagged, MAPE unflagged, ratio unflagged)."""
     out = []
@@ -84,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--builtin-knobs", action="store_true", help="Knobs() constants, not the packaged file")
     ap.add_argument("--csv", type=Path, help="write every row to this CSV file")
     ap.add_argument("--quiet", action="store_true", help="summary only")
+    ap.add_argument("--by-tp", action="store_true",
+                    help="also a markdown table of measured / analytic per model and tp")
+    ap.add_argument("--ratio-to", type=Path,
+                    help="also each same-model file there: its decoder time over these, shape for shape")
     args = ap.parse_args(argv)
     knobs = Knobs() if args.builtin_knobs else default_knobs()
     rows = compare(args.profiles, knobs, args.attention, args.sp)
@@ -98,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'gpu':<17}{'n':>4}{'MAPE':>8}{'meas/ana':>10}{'n clean':>9}{'MAPE':>8}{'meas/ana':>10}")
     for gpu, n, m, r, nc, mc, rc in summary(rows):
         print(f"{gpu:<17}{n:>4}{m:>7.1f}%{r:>10.2f}{nc:>9}{mc:>7.1f}%{rc:>10.2f}")
+    if args.by_tp:
+        print("\ndecoder fwd+bwd measured / analytic, min / median / max over microbatch sizes")
+        print("\n".join(by_tp(rows)))
+    if args.ratio_to:
+        print(f"\ndecoder fwd+bwd (recompute none) in {args.ratio_to} over {args.profiles}, "
+              "same tp, microbatch and seq")
+        print(f"{'model':<14}{'gpu':<17}{'shapes':>7}{'least':>8}{'largest':>9}")
+        for model, gpu, n, lo, hi in ratios(args.profiles, args.ratio_to):
+            print(f"{model:<14}{gpu:<17}{n:>7}{lo:>8.1f}{hi:>9.1f}")
     if args.csv:
         with args.csv.open("w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=FIELDS)

@@ -318,3 +318,21 @@ def test_a_measured_only_search_leaves_unmeasured_points_out() -> None:
                  workers=1)
     assert res.prediction.cost_sources == {"H200-SXM-141GB": "measured"} and cost.fallbacks == []
     assert res.plan.micro_batch <= 8 and res.lower_bound_s <= res.prediction.step_s <= 1.02 * res.lower_bound_s
+
+
+def test_the_h200_profiles_show_the_flagged_sailor_files_anomalous() -> None:
+    """`benchmarks/profile_vs_analytic.py --ratio-to` shape for shape: Sailor's unflagged GH200 OPT-30B
+    decoder takes a few times the H200's (fp16, naive attention, another engine), its flagged GH200
+    LLAMA-3-8 and A100-40 OPT-30B files tens of times; and `--by-tp` has the large models' measured
+    compute below the analytic model's at every tp (profiles/README.md)."""
+    from benchmarks.profile_vs_analytic import by_tp, compare, ratios
+    from planner.costmodel.knobs import default_knobs
+
+    found = {(model, gpu): (lo, hi) for model, gpu, _, lo, hi in ratios(SHIPPED / "h200", SHIPPED / "sailor")}
+    assert 1 < found[("opt-30b", "GH200-96GB")][0] <= found[("opt-30b", "GH200-96GB")][1] < 5
+    assert found[("llama3-8b", "GH200-96GB")][0] > 10 and found[("opt-30b", "A100-SXM4-40GB")][0] > 10
+    table = by_tp(compare(SHIPPED / "h200", default_knobs(), "flash", False))
+    for row in table:
+        if row.startswith("| llama2-"):
+            medians = [float(cell.split(" / ")[1]) for cell in row.split(" | ")[1:] if cell.strip(" |")]
+            assert medians and all(m < 0.9 for m in medians), row
