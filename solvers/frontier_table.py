@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.batched_runs import Row, RowCodes, SplitColumns, _Batch, _coded_min_max, sweep_order
-from solvers.horizon import Horizon
+from solvers.horizon import NOISE_A, Horizon
 from solvers.uniform_layers import INF, Budget, UniformView
 
 PARETO_REL = 1e-12  # A within this (relative) counts as equal, as in `partition.pareto_ac`
@@ -59,7 +59,7 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
                            budget: Budget | None = None, horizon: Horizon | None = None) -> FrontierTable:
     """`batched_frontiers(views, rows, budget)` as a `FrontierTable` (the same rows, splits and
     stages; `budget.cut` gets the same rows); with a `horizon`, only the splits it needs (and, for
-    rows the budget cuts, their least-A split)."""
+    rows the budget cuts, their least-A split, unless past its `a_max`)."""
     keys = list(views)
     if not keys:
         return FrontierTable.empty(keys)
@@ -67,6 +67,7 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
     if not codes.live:
         return FrontierTable.empty(keys)
     batch = _Batch([views[k] for k in keys], int(codes.total.max()))
+    a_max = INF if horizon is None else horizon.a_max
     order = sweep_order(codes)
     live = np.array(order, dtype=np.int64)
     caps = np.full(len(codes.live), INF)
@@ -86,14 +87,22 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
             ids = live[g.at]
             c = g.fb.max(axis=1)
             caps[ids] = np.nextafter(c, -INF)
-            solved[g.at] = c > floor[ids]
             a = np.array([float(sum(r)) for r in g.fb.tolist()])  # summed as `Split.a_s` sums it
-            (first if k == 0 and horizon is not None else found).append((ids, k, a, c, g))
+            # past the horizon's a_max the split is left out and, past float noise, the row done
+            # (equal A in exact arithmetic can differ by an ulp from split to split)
+            solved[g.at] = (c > floor[ids]) & (a <= a_max * (1 + NOISE_A))
+            if k == 0 and horizon is not None:
+                first.append((ids, k, a, c, g))  # whole: the horizon's start reads every row's
+                continue
+            near = a <= a_max
+            if not near.all():
+                ids, a, c, g = ids[near], a[near], c[near], SplitColumns(*(x[near] for x in g))
+            found.append((ids, k, a, c, g))
         live = live[solved]
         if k == 0 and horizon is not None and len(live) and not (budget is not None and budget.over()):
             live = _start_below(horizon, batch, codes, live, first, caps, floor, keep0)
     for ids, k, a, c, g in first:
-        mine = keep0[ids]
+        mine = keep0[ids] & (a <= a_max)
         found.append((ids[mine], k, a[mine], c[mine], SplitColumns(*(x[mine] for x in g))))
     if not found:
         return FrontierTable.empty(keys)

@@ -14,6 +14,8 @@ from solvers.partition import pareto_ac
 from solvers.two_runs import Point
 from solvers.uniform_layers import INF
 
+NOISE_A = 1e-12  # a row's sweep goes on past `Horizon.a_max` by this much (relative): float noise
+
 
 @dataclass(frozen=True)
 class Horizon:
@@ -30,10 +32,20 @@ class Horizon:
     one holds all M at T_lo. On the 64-GPU ladder pool the sweeps solve 49,100 rows instead of
     77,300 (round 0 and the round at C_min included). Tails are not compared: a skipped split may
     have a smaller largest tail (the bound uses each row's least tail anyway; the plan polish adds
-    tail-capped splits, and plans move both ways: docs/search.md, "The frontier horizon")."""
+    tail-capped splits, and plans move both ways: docs/search.md, "The frontier horizon").
+
+    With `a_max` (a plan's step less the step overhead: `api.search` takes the best Megatron grid's,
+    searched first) no split with A above it is needed either: a pipeline running one takes longer
+    than A (it holds at least one microbatch), so every plan using it is slower than that plan.
+    A row's sweep ends at its first split past it (A only grows as the caps on C fall; to float
+    noise, `NOISE_A`: splits of equal A can differ by an ulp), and rows whose least A is past it
+    have no split at all. The bounds from such frontiers hold for plans
+    at most that fast, which is all the search then needs (`api.search` caps the coverage's bound
+    at that plan's step)."""
 
     t_lo: float
     microbatches: int
+    a_max: float = INF
 
     def top_caps(self, a0: np.ndarray, c_min: np.ndarray, a_min: np.ndarray) -> np.ndarray:
         """Per row, the largest C a needed split can have (+inf: no limit)."""
@@ -61,15 +73,16 @@ def horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None
     `frontier_table.batched_frontier_table` sweeps splits): round 0 (least A), each row's least C
     (`least_c`) and the least A there, then each row from the horizon's top cap (or just below its
     round-0 point, which stays when the cap is above it) down to its least C."""
-    first = solve(rows, np.full(len(rows), INF))
-    live = [r for r, p in zip(rows, first) if p is not None]
-    found: dict[int, list[Point]] = {r: [p] for r, p in zip(rows, first) if p is not None}
+    near = horizon.a_max * (1 + NOISE_A)  # past it a row is done (to float noise: see `a_max`)
+    first = {r: p for r, p in zip(rows, solve(rows, np.full(len(rows), INF))) if p is not None and p.a_s <= near}
+    live = list(first)
+    found: dict[int, list[Point]] = {r: [p] if p.a_s <= horizon.a_max else [] for r, p in first.items()}
     if not live:
         return {}
     c_min = least_c(live)
     at_min = solve(live, c_min)
-    a0 = np.array([found[r][0].a_s for r in live])
-    c0 = np.array([found[r][0].c_s for r in live])
+    a0 = np.array([first[r].a_s for r in live])
+    c0 = np.array([first[r].c_s for r in live])
     a_min = np.array([INF if p is None else p.a_s for p in at_min])
     keep_first, caps, floor = horizon.sweep_start(a0, c0, c_min, a_min)
     for r, needed in zip(live, keep_first.tolist()):
@@ -81,9 +94,10 @@ def horizon_frontiers(solve: Callable[[list[int], np.ndarray], list[Point | None
         sols = solve(live, caps)
         nxt, nxt_caps, nxt_floor = [], [], []
         for row, sol, lo in zip(live, sols, floor.tolist()):
-            if sol is None:
+            if sol is None or sol.a_s > near:
                 continue
-            found[row].append(sol)
+            if sol.a_s <= horizon.a_max:
+                found[row].append(sol)
             if sol.c_s > lo:
                 nxt.append(row)
                 nxt_caps.append(float(np.nextafter(sol.c_s, -INF)))

@@ -284,6 +284,25 @@ def test_capped_points_with_a_horizon_hold_what_every_later_pipeline_time_needs(
     assert dropped > 0
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_capped_points_with_a_cap_on_a_keep_exactly_those_at_or_below_it(seed: int) -> None:
+    """Under tail caps with a horizon's `a_max`, each (row, cap) keeps exactly its points of the
+    uncapped horizon whose A is at most it (none left: the key is absent)."""
+    from solvers.capped_points import batched_capped_points
+    from solvers.horizon import Horizon
+
+    n, opts, views, rows = _instance(seed)
+    _, capped_rows, ecaps = _capped_rows(seed, opts, rows + _three_run_rows(views, n))
+    a_all = sorted(a for pts in batched_capped_points(views, capped_rows, ecaps).values() for a, _ in pts)
+    t_lo, m = a_all[len(a_all) // 3], 6
+    whole = batched_capped_points(views, capped_rows, ecaps, Horizon(t_lo, m))
+    for a_max in (a_all[len(a_all) // 4], a_all[2 * len(a_all) // 3]):
+        got = batched_capped_points(views, capped_rows, ecaps, Horizon(t_lo, m, a_max))
+        want = {i: [p for p in pts if p[0] <= a_max] for i, pts in whole.items()}
+        assert {i: sorted(pts) for i, pts in got.items()} == {i: sorted(pts) for i, pts in want.items() if pts}
+        assert 0 < sum(map(len, got.values())) < sum(map(len, whole.values()))
+
+
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
 def test_min_plus_is_the_least_sum_over_every_split_of_k(rows: int) -> None:
     """`_min_plus` (a gather of every (d, k) pair for few rows, two array operations per d above

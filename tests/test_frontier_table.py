@@ -94,3 +94,22 @@ def test_a_horizon_keeps_what_every_later_pipeline_time_needs(seed: int) -> None
         cut = _as_splits(batched_frontier_table(views, rows, Budget(0.0), Horizon(t_lo, m)))
         assert cut == _as_splits(batched_frontier_table(views, rows, Budget(0.0)))
     assert dropped > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_cap_on_a_keeps_exactly_the_splits_at_or_below_it(seed: int) -> None:
+    """With a horizon's `a_max` (a plan's step less the overhead: `candidates.early_grid`) the table
+    holds exactly the splits of the uncapped one (same horizon otherwise) whose A is at most it, in
+    the same order, and no row whose least A is above it; a cap above every A changes nothing."""
+    n, _, views, rows = _instance(seed)
+    rows = rows + _rows_with_three_runs(views, n)
+    full = _as_splits(batched_frontier_table(views, rows))
+    a_all = sorted(p[2] for pts in full.values() for p in pts)
+    for t_lo, m in ((0.0, 8), (a_all[len(a_all) // 2], 4)):
+        whole = _as_splits(batched_frontier_table(views, rows, horizon=Horizon(t_lo, m)))
+        for a_max in (a_all[len(a_all) // 4], a_all[len(a_all) // 2], a_all[-1]):
+            got = _as_splits(batched_frontier_table(views, rows, horizon=Horizon(t_lo, m, a_max)))
+            want = {row: [p for p in pts if p[2] <= a_max] for row, pts in whole.items()}
+            assert got == {row: pts for row, pts in want.items() if pts}
+            assert list(got) == [row for row in whole if row in got]
+        assert sum(map(len, got.values())) == sum(map(len, whole.values()))  # the last cap: every A

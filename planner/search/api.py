@@ -22,7 +22,7 @@ import gc
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ParamSpec, TypeVar
 
 import numpy as np
@@ -33,7 +33,7 @@ from planner.errors import HetplanError, InfeasibleError
 from planner.plan import Plan, Prediction
 from planner.search.bounds import (fluid_bound_s, fluid_work, flight_limits, memory_bound_s, plan_positions,
                                    shape_limits)
-from planner.search.candidates import wants_chains
+from planner.search.candidates import early_grid, wants_chains, wants_early_grid
 from planner.search.exact_provider import ExactProvider
 from planner.search.explain import alternatives_of, explain, outside_coverage
 from planner.search.fit_proof import fits_nowhere
@@ -325,7 +325,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         ctx.timeline["bounded"] = time.perf_counter()  # exact coverage: every unit solved (or its size unsolved)
         mark(ctx, "units")
     else:
-        prefetch_frontiers(providers, workers)
+        # on small pools the best Megatron grid first: its step caps the frontiers' A (`early_grid`)
+        rows = sum(p.row_count for p in providers if getattr(p, "needs_frontiers", False))
+        pilot = (lambda: early_grid(ctx, sizes)) if wants_early_grid(sum(avail), rows) else None
+        ctx = replace(ctx, early_grid=prefetch_frontiers(providers, workers, pilot))
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             if wants_chains(chains, coverages, classes):
                 # the engine candidates run before refinement whatever the plans: started at the first
@@ -385,6 +388,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     # fluid bound holds for every plan
     covered = min(bounds) if bounds else min(_fluid(cost, model, training, classes, b, cluster.allow_cross_node_tp)
                                              for b in sizes)
+    if ctx.early_grid is not None and ctx.early_grid[0] is not None:
+        # frontiers capped at the grid's step (`candidates.early_grid`): the bounds hold for plans
+        # at most that fast, and every other plan of the coverage is slower than the grid's
+        covered = min(covered, ctx.early_grid[0][1].step_s)
     lower = min(covered, best.step_s)
     gap = best.step_s / lower - 1 if lower > 0 else float("inf")
     pred = best.prediction.model_copy(update={"lower_bound_s": lower, "gap": gap})
@@ -416,7 +423,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                            "plan's step: the plan lies outside that space and beats every plan in it, so the "
                            "gap is 0 against that space and this plan, not against plans outside it")
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
-                 "plans_scored": len(candidates), "megatron_grid_s": grid_s, "chain_s": chain_s,
+                 "plans_scored": len(candidates), "megatron_grid_s": grid_s + (ctx.early_grid[1] if ctx.early_grid else 0.0), "chain_s": chain_s,
                  "search_s": time.perf_counter() - start}
     close(ctx.history, best.step_s, lower, out_stats["search_s"])
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out,

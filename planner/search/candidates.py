@@ -12,6 +12,7 @@ the blocks coverage caps). Their plans may lie outside the bound's coverage;
 from __future__ import annotations
 
 import math
+import time
 
 from planner.plan import Plan, Prediction
 from planner.search.space import ResourceClass
@@ -33,10 +34,39 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     alone")."""
     from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
 
+    if ctx.early_grid is not None:  # searched without a cutoff already (`early_grid`)
+        found = ctx.early_grid[0]
+        return found if found is not None and found[1].step_s <= cutoff_s else None
     found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
     cutoff_s = found[1].step_s if found is not None else cutoff_s
     alone = best_single_type_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes, cutoff_s=cutoff_s)
     return alone if alone is not None and (found is None or alone[1].step_s < found[1].step_s) else found
+
+
+EARLY_GRID_MAX_GPUS = 64  # pools up to this size search the Megatron grid before the frontiers,
+EARLY_GRID_MIN_ROWS = 6_000  # ... where the frontiers sweep at least this many skeleton rows in all
+
+
+def wants_early_grid(gpus: int, rows: int) -> bool:
+    """Whether `api.search` runs `early_grid` before the frontiers: on pools of at most
+    `EARLY_GRID_MAX_GPUS` GPUs whose frontiers sweep at least `EARLY_GRID_MIN_ROWS` rows (summed
+    over the microbatch sizes). The grid takes a worker for 0.1 s without a cutoff; the 32- and
+    64-GPU ladder rungs (10,400-10,600 rows) gain 0.05-0.1 s, the 16-GPU rung (3,700 rows, frontiers
+    of 0.05-0.07 s per size) lost 0.05 s (fresh processes, alternating, with `stop_gap` 0.02)."""
+    return gpus <= EARLY_GRID_MAX_GPUS and rows >= EARLY_GRID_MIN_ROWS
+
+
+def early_grid(ctx: UnitContext, sizes: list[int]) -> tuple[tuple[tuple[Plan, Prediction] | None, float], float]:
+    """The best Megatron grid without a cutoff (`megatron_grid_candidate`; then `ctx.early_grid`,
+    which later runs of that candidate take instead of searching again) and the cap it puts on
+    every split frontier's A (`BlocksProvider.cap_pipeline_time`): its step less the step overhead
+    (a pipeline holds at least one microbatch, so a plan with a split of larger A is slower than
+    the grid's plan; +inf without a grid). `api.search` runs it first where `wants_early_grid`,
+    beside the smallest microbatch sizes' frontiers (`frontier_workers.prefetch_frontiers`)."""
+    start = time.perf_counter()
+    found = megatron_grid_candidate(ctx, sizes, math.inf)
+    cap = math.inf if found is None else (found[1].step_s - ctx.cost.knobs.step_overhead_s) * (1 + 1e-9)
+    return (found, time.perf_counter() - start), cap
 
 
 def add_if_faster(ctx: UnitContext, found: tuple[Plan, Prediction] | None, stat: str) -> None:

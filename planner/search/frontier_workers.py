@@ -14,12 +14,14 @@ from __future__ import annotations
 import multiprocessing as mp
 from collections.abc import Callable
 
-_JOB: Callable[[int], object] | None = None  # read by forked workers (inherited, not pickled)
+_JOB: Callable[[tuple[int, float]], object] | None = None  # read by forked workers (inherited, not pickled)
+INF = float("inf")
 
 
-def _run(index: int) -> object:
+def _run(arg: tuple[int, float]) -> object:
+    """Task `arg[0]` (-1: the pilot) with the cap on A its provider takes first (`arg[1]`)."""
     assert _JOB is not None
-    return _JOB(index)
+    return _JOB(arg)
 
 
 def can_fork(workers: int, tasks: int) -> bool:
@@ -46,28 +48,72 @@ def frontier_parts(sizes: int, workers: int) -> list[int]:
     return parts
 
 
-def prefetch_frontiers(providers: list, workers: int) -> None:
+Pilot = Callable[[], tuple[object, float]]  # a task run before the frontiers: (its out, a cap on A)
+BESIDE_PILOT = 2  # the smallest microbatch sizes, whose frontiers are swept beside the pilot, uncapped
+
+
+def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None) -> object:
     """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
     a single task). Tasks go out largest microbatch size first (`providers` come smallest
     first): those frontiers tend to take longest (fewer microbatches per pipeline, so the horizon
     keeps more of each row's frontier; size 1 was the quickest on every pool timed), so the
     last task to end is a short one. A size is adopted as soon as all its parts are back, while
     the workers go on with the others (before, the parent adopted all five sizes of the 64-GPU
-    rung after the last part, 0.09 s with both workers idle)."""
+    rung after the last part, 0.09 s with both workers idle).
+
+    With a `pilot` (`api.search`: the best Megatron grid) it runs first, in a worker beside the
+    tasks of the `BESIDE_PILOT` smallest sizes, and the cap on A it returns goes to every other
+    provider (`BlocksProvider.cap_pipeline_time`) before their tasks go out: the larger sizes,
+    whose frontiers it cuts most. Which sizes are capped does not depend on `workers`, so neither
+    does the answer. Returns the pilot's out (None without one); with one worker the pilot runs
+    here and the frontiers are left to be computed when first asked for."""
     global _JOB
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
+    beside = todo[:BESIDE_PILOT] if pilot is not None else []
+    capped = [p for p in providers if all(p is not q for q in beside)]
     parts = frontier_parts(len(todo), workers)
-    tasks = [(p, k, n) for p, n in zip(todo, parts) for k in range(n)][::-1]
+    tasks = [(p, k, n) for p, n in zip(todo, parts) for k in range(n)]
+    early = [t for t in tasks if any(t[0] is q for q in beside)]
+    late = [t for t in tasks if all(t[0] is not q for q in beside)][::-1]
     if not can_fork(workers, len(tasks)):
-        return
-    _JOB = lambda i: tasks[i][0].frontier_part(tasks[i][1], tasks[i][2])  # noqa: E731
+        return _cap(capped, pilot()) if pilot is not None else None
+    order = early + late
+
+    def job(arg: tuple[int, float]) -> object:
+        i, a_max = arg
+        if i < 0:
+            assert pilot is not None
+            return pilot()
+        provider, k, n = order[i]
+        if a_max < INF:  # the parent capped it after this worker was forked
+            provider.cap_pipeline_time(a_max)
+        return provider.frontier_part(k, n)
+    _JOB = job
     back: dict[int, dict[int, tuple]] = {}  # per provider, its parts' states by part
+    out = None
     try:
-        with mp.get_context("fork").Pool(min(workers, len(tasks))) as pool:
-            for (provider, k, n), state in zip(tasks, pool.imap(_run, range(len(tasks)), chunksize=1)):
+        with mp.get_context("fork").Pool(min(workers, len(tasks) + (pilot is not None))) as pool:
+            first = pool.apply_async(_run, ((-1, INF),)) if pilot is not None else None
+            sent = [pool.apply_async(_run, ((i, INF),)) for i in range(len(early))]
+            a_max = INF
+            if first is not None:
+                got_pilot = first.get()
+                out, a_max = _cap(capped, got_pilot), got_pilot[1]
+            sent += [pool.apply_async(_run, ((len(early) + i, a_max),)) for i in range(len(late))]
+            for (provider, k, n), result in zip(order, sent):
                 got = back.setdefault(id(provider), {})
-                got[k] = state
+                got[k] = result.get()
                 if len(got) == n:
                     provider.adopt_frontier_parts([got[i] for i in range(n)])
     finally:
         _JOB = None
+    return out
+
+
+def _cap(providers: list, pilot_out: tuple[object, float]) -> object:
+    """Cap the providers' frontiers at the pilot's A (`BlocksProvider.cap_pipeline_time`); its out."""
+    out, a_max = pilot_out
+    for provider in providers:
+        if hasattr(provider, "cap_pipeline_time"):
+            provider.cap_pipeline_time(a_max)
+    return out

@@ -13,7 +13,7 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -106,6 +106,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._tails: dict[tuple[int, int], dict[BlockType, StageOptions]] = {}  # see _tail_options
         self._costing: dict[BlockType, OptionCosting] | None = None  # see _options
         self._horizon_at: Horizon | None = None  # see _horizon
+        self._a_max = INF  # see cap_pipeline_time
 
     @property
     def rows(self) -> dict[tuple[BlockType, ...], list[Row]]:
@@ -113,6 +114,11 @@ class BlocksProvider(TailLevels, TailPlans):
         if self._rows is None:
             self._rows = skeleton_rows(self.skeletons)
         return self._rows
+
+    @property
+    def row_count(self) -> int:
+        """How many skeleton rows the frontier sweeps (a measure of its work)."""
+        return sum(len(rows) for rows in self.rows.values())
 
     @property
     def plan_protos(self) -> list[Proto]:
@@ -304,8 +310,17 @@ class BlocksProvider(TailLevels, TailPlans):
         work = fluid_work(self.cost, self.model, self.training, self.classes, shapes, self.micro_batch)
         gpus = np.array([rc.gpus for rc in self.classes], dtype=float)
         microbatches = self.training.global_batch // self.micro_batch
-        self._horizon_at = Horizon(weighted_work_bound_s(work, gpus, microbatches), microbatches)
+        self._horizon_at = Horizon(weighted_work_bound_s(work, gpus, microbatches), microbatches, self._a_max)
         return self._horizon_at
+
+    def cap_pipeline_time(self, a_max: float) -> None:
+        """Leave out of the frontiers swept from now on every split whose A is above `a_max`: a
+        plan's step less the step overhead, so no plan using one is faster than that plan
+        (`solvers.horizon.Horizon`). Frontiers already swept keep theirs (more splits than
+        needed, never fewer)."""
+        self._a_max = a_max
+        if self._horizon_at is not None:
+            self._horizon_at = replace(self._horizon_at, a_max=a_max)
 
     def _tail_view(self, bt: BlockType, tail: np.ndarray):
         """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""

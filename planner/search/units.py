@@ -108,6 +108,9 @@ class UnitContext:
     # seconds (`time.perf_counter`) at which the search started ("start") and every unit was solved
     # or bounded ("bounded"; from then on `history.lowest_bound` is a bound)
     timeline: dict[str, float] = field(default_factory=lambda: {"start": time.perf_counter()})
+    # the best Megatron grid, searched before the frontiers when `api.search` caps them by its step
+    # (`candidates.early_grid`): (its plan and prediction, or None, and the seconds it took)
+    early_grid: tuple[tuple[Plan, Prediction] | None, float] | None = None
 
 
 REFINE_RATIOS = (1.5, 1.15, 1.05)  # tail-level ratios of a unit's successive refinements

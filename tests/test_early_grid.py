@@ -1,0 +1,63 @@
+"""The Megatron grid searched before the frontiers (`candidates.early_grid`): its step caps every
+frontier's A (`solvers.horizon.Horizon.a_max`), it is searched once, and the answer is the one
+the search gives without it, with any number of workers."""
+
+from __future__ import annotations
+
+import pytest
+
+import planner.search.candidates as candidates
+from planner.search import search
+from tests.test_search_refine import BIG_CLUSTER, BIG_MODEL, BIG_TRAINING, COST
+
+
+def _search(monkeypatch: pytest.MonkeyPatch, early: bool, workers: int = 1, **kwargs):
+    monkeypatch.setattr(candidates, "EARLY_GRID_MIN_ROWS", 0 if early else 10**9)
+    return search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=workers, **kwargs)
+
+
+def test_the_early_grid_caps_the_frontiers_and_keeps_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewer templates (the splits of A above the grid's step less the overhead are left out),
+    the same plan and bound, the grid searched once (the later candidate runs take its plan)."""
+    from planner.search import megatron_grid
+
+    calls: list[float] = []
+    grid = megatron_grid.best_megatron_plan
+
+    def counted(*args, **kwargs):
+        if args[1] is BIG_CLUSTER:  # not a single type's nodes (`best_single_type_plan`)
+            calls.append(kwargs.get("cutoff_s", float("inf")))
+        return grid(*args, **kwargs)
+    monkeypatch.setattr(megatron_grid, "best_megatron_plan", counted)
+    plain = _search(monkeypatch, early=False)
+    assert calls and all(c < float("inf") for c in calls)  # with the best plan as cutoff
+    calls.clear()
+    early = _search(monkeypatch, early=True)
+    assert calls == [float("inf")]
+    assert early.plan.to_json() == plain.plan.to_json()
+    assert early.lower_bound_s == plain.lower_bound_s and early.gap == plain.gap
+    assert early.counts()["templates"] < plain.counts()["templates"]
+    assert early.stats["megatron_grid_s"] > 0
+
+
+def test_the_early_grid_answer_does_not_depend_on_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which sizes are capped does not depend on `workers` (`frontier_workers.BESIDE_PILOT`): one
+    and two workers give the same plan, bound and counts, with a stop gap too."""
+    for stop_gap in (None, 0.02):
+        one = _search(monkeypatch, early=True, workers=1, stop_gap=stop_gap)
+        two = _search(monkeypatch, early=True, workers=2, stop_gap=stop_gap)
+        assert two.plan.to_json() == one.plan.to_json()
+        assert two.lower_bound_s == one.lower_bound_s
+        assert two.counts() == one.counts()
+
+
+def test_the_coverage_bound_never_claims_more_than_the_grid_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With capped frontiers the coverage's bound holds for plans at most as slow as the grid's:
+    reported, it is at most the grid's step (and the reported bound at most the plan's)."""
+    from planner.search.megatron_grid import best_megatron_plan
+
+    res = _search(monkeypatch, early=True)
+    grid = best_megatron_plan(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, COST, [1, 2, 4, 8, 16])
+    assert grid is not None
+    assert res.coverage_bound_s is not None and res.coverage_bound_s <= grid[1].step_s
+    assert res.lower_bound_s <= res.prediction.step_s <= grid[1].step_s
