@@ -116,13 +116,19 @@ def test_packed_templates_unpack_to_equal_templates() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_pareto_indices_keep_exactly_the_undominated_templates(seed: int) -> None:
+@pytest.mark.parametrize("levels", [16, 0])
+def test_pareto_indices_keep_exactly_the_undominated_templates(seed: int, levels: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """`templates.pareto_indices` against its definition: per key, in order of (C, A, E), a
     template is kept iff no earlier one has A and E no larger; keys in sorted order. Values are
-    drawn from a few levels, so ties in every field are common."""
+    drawn from a few levels, so ties in every field are common. Both ways `pareto_keep` has:
+    a running minimum per distinct E of a key, and (`PARETO_LEVELS` 0) the staircase."""
     import random
 
+    import planner.search.templates as templates
     from planner.search.templates import pareto_indices
+
+    monkeypatch.setattr(templates, "PARETO_LEVELS", levels)
 
     rng = random.Random(seed)
     n = rng.randint(1, 400)

@@ -25,8 +25,8 @@ from planner.search.protos import (FrontierPart, Proto, StageTable, assemble, fr
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.tail_plans import TailPlans
-from planner.search.templates import (Template, TemplateStage, block_skeletons, pareto_indices, prune_templates,
-                                      skeleton_group)
+from planner.search.templates import (Template, TemplateStage, block_skeletons, pareto_indices, pareto_keep,
+                                      prune_templates, skeleton_group)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton,
@@ -99,7 +99,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._rows: dict[tuple[BlockType, ...], list[Row]] | None = None
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
-        self._lb_keys: list[int] = []  # see _lb_index
+        self._lb_keys = np.zeros(0, dtype=np.int64)  # see _lb_index
         self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
@@ -340,28 +340,29 @@ class BlocksProvider(TailLevels, TailPlans):
             usage = [skeleton_usage(sk, len(self.classes)) for sk in skeletons]
             group = [skeleton_group(sk) for sk in skeletons]
             # each proto's pruning key (`_lb_templates`), the same for every replica class: the rank
-            # of its (usage, skeleton group) among the distinct ones, so that `pareto_indices` hashes
-            # and sorts ints, in the same order, instead of nested tuples of block types
+            # of its (usage, skeleton group) among the distinct ones, so that `pareto_keep` sorts
+            # ints, in the same order, instead of nested tuples of block types
             by_skeleton = [(usage[k], group[k]) for k in range(len(skeletons))]
             rank = {key: i for i, key in enumerate(sorted(set(by_skeleton)))}
-            self._lb_keys = [rank[by_skeleton[k]] for k in of]
+            self._lb_keys = np.array([rank[by_skeleton[k]] for k in of], dtype=np.int64)
             self._lb_meta = (skeletons, np.array(of, dtype=np.int64), [usage[k] for k in of])
         return self._lb_meta
 
-    def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> list[float | None]:
+    def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
         """Per bound proto, the least possible largest stage tail of its skeleton over every
-        memory-feasible split (fast for homogeneous ones). Memory feasibility comes from the bound
-        protos' options (optimizer states sharded over the most replicas: the most permissive),
-        tails from `tails`, so it bounds the tail of every split the proto stands for."""
+        memory-feasible split (fast for homogeneous ones; +inf where none fits). Memory feasibility
+        comes from the bound protos' options (optimizer states sharded over the most replicas: the
+        most permissive), tails from `tails`, so it bounds the tail of every split the proto
+        stands for."""
         opts = self._with_tails(self._r_lb, tails, list(tails))
         views = {bt: self._tail_view(bt, o.tail) for bt, o in opts.items()}
         keys = [bt for bt, v in views.items() if v is not None]
         codes, row_of = self._lb_rows(keys)
         least = coded_min_max_tails([views[k] for k in keys], codes).tolist() if codes.live else []
         skeletons, of, _ = self._lb_index()
-        per_skeleton = [(least[m] if least[m] < INF else None) if m >= 0 else min_max_tail([opts[bt] for bt in sk])
+        per_skeleton = [least[m] if m >= 0 else min_max_tail([opts[bt] for bt in sk])
                         for sk, m in zip(skeletons, row_of)]
-        return [per_skeleton[k] for k in of.tolist()]
+        return np.array([INF if t is None else t for t in per_skeleton], dtype=float)[of]
 
     def _lb_rows(self, keys: list[BlockType]) -> tuple[RowCodes, list[int]]:
         """The uniform skeletons' rows over block types `keys` (coded once), and per distinct bound
@@ -378,14 +379,13 @@ class BlocksProvider(TailLevels, TailPlans):
     def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
         """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned."""
         _, _, usage = self._lb_index()
+        e = self._lb_tails(tails)
+        live = np.flatnonzero(e < INF)
         a, c = self._columns("lb")
-        rows = [(k, e) for k, e in enumerate(self._lb_tails(tails)) if e is not None]
         # pruned within (usage, skeleton group) only: refinement replaces groups whole (`bound_key`)
-        keys = self._lb_keys
-        keep = pareto_indices([keys[k] for k, _ in rows], [a[k] for k, _ in rows], [c[k] for k, _ in rows],
-                              [e for _, e in rows])
+        keep = live[pareto_keep(self._lb_keys[live], np.take(a, live), np.take(c, live), e[live])].tolist()
         protos = self.lb_protos
-        return [Template(usage[k], a[k], c[k], e, None, (), protos[k].skeleton) for k, e in (rows[i] for i in keep)]
+        return [Template(usage[k], a[k], c[k], t, None, (), protos[k].skeleton) for k, t in zip(keep, e[keep].tolist())]
 
     def _columns(self, which: str) -> tuple[list[float], list[float]]:
         """A and C of every "plan" or "lb" proto as plain lists (computed once per frontier)."""
