@@ -326,7 +326,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         mark(ctx, "units")
     else:
         # on small pools the best Megatron grid first: its step caps the frontiers' A (`early_grid`)
-        rows = sum(p.row_count for p in providers if getattr(p, "needs_frontiers", False))
+        rows = sum(len(p.skeletons) for p in providers if getattr(p, "needs_frontiers", False))  # a row each
         pilot = (lambda: early_grid(ctx, sizes)) if wants_early_grid(sum(avail), rows) else None
         ctx = replace(ctx, early_grid=prefetch_frontiers(providers, workers, pilot))
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:

@@ -116,11 +116,6 @@ class BlocksProvider(TailLevels, TailPlans):
         return self._rows
 
     @property
-    def row_count(self) -> int:
-        """How many skeleton rows the frontier sweeps (a measure of its work)."""
-        return sum(len(rows) for rows in self.rows.values())
-
-    @property
     def plan_protos(self) -> list[Proto]:
         if self._plan_protos is None:
             parts = [self._proto_rows(1, 0, 1)]
