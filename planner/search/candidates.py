@@ -15,6 +15,9 @@ import math
 import time
 
 from planner.plan import Plan, Prediction
+from planner.search.chain_resplit import best_resplit
+from planner.search.flagscale_grid import flagscale_plans
+from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
 from planner.search.space import ResourceClass
 from planner.search.units import Candidate, UnitContext, coverage_rank
 
@@ -32,8 +35,6 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     open the file (no prefix holds them) are searched too (`best_single_type_plan`), so the answer
     is never slower than those either (the issue's "nor than the best plan on any single GPU type
     alone")."""
-    from planner.search.megatron_grid import best_megatron_plan, best_single_type_plan
-
     if ctx.early_grid is not None:  # searched without a cutoff already (`early_grid`)
         found = ctx.early_grid[0]
         found = found if found is not None and found[1].step_s <= cutoff_s else None
@@ -66,8 +67,6 @@ def early_grid(ctx: UnitContext, sizes: list[int]) -> tuple[tuple[tuple[Plan, Pr
     (a pipeline holds at least one microbatch, so a plan with a split of larger A is slower than
     the grid's plan; +inf without a grid). `api.search` runs it first where `wants_early_grid`,
     beside the smallest microbatch sizes' frontiers (`frontier_workers.prefetch_frontiers`)."""
-    from planner.search.megatron_grid import best_megatron_plan
-
     start = time.perf_counter()
     found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes)
     cap = math.inf if found is None else (found[1].step_s - ctx.cost.knobs.step_overhead_s) * (1 + 1e-9)
@@ -141,8 +140,6 @@ def chain_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
     shape free (`chain_resplit.best_resplit`: the same stage device groups, FlagScale's one
     recompute mode and cp no longer imposed, each against the best plan and the fastest so far):
     that pool's chains run 67.4 s so (the fastest chain re-split: 69.6 s)."""
-    from planner.search.chain_resplit import best_resplit
-
     return best_resplit(ctx, chain_search(ctx, sizes, cutoff_s, tail_share), cutoff_s)
 
 
@@ -150,8 +147,6 @@ def chain_search(ctx: UnitContext, sizes: list[int], cutoff_s: float,
                  tail_share: float = 0.0) -> list[tuple[Plan, Prediction] | None]:
     """The chains `chain_candidate` re-splits: the `flagscale_grid._KEEP` fastest that beat
     `cutoff_s` (every chain where it is infinite), fastest first."""
-    from planner.search.flagscale_grid import flagscale_plans
-
     if math.isinf(cutoff_s):  # no plan yet (`api.search`): every chain, as `--target flagscale`
         found, _ = flagscale_plans(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes)
     else:
@@ -164,8 +159,6 @@ def chain_search(ctx: UnitContext, sizes: list[int], cutoff_s: float,
 def resplit_chains(ctx: UnitContext, found: list[tuple[Plan, Prediction] | None],
                    cutoff_s: float) -> tuple[Plan, Prediction] | None:
     """`chain_candidate`'s last step on the chains `chain_search` kept (`chain_resplit.best_resplit`)."""
-    from planner.search.chain_resplit import best_resplit
-
     return best_resplit(ctx, found, cutoff_s)
 
 
