@@ -19,16 +19,14 @@ def _search(monkeypatch: pytest.MonkeyPatch, early: bool, workers: int = 1, **kw
 def test_the_early_grid_caps_the_frontiers_and_keeps_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fewer templates (the splits of A above the grid's step less the overhead are left out),
     the same plan and bound, the grid searched once (the later candidate runs take its plan)."""
-    from planner.search import megatron_grid
-
     calls: list[float] = []
-    grid = megatron_grid.best_megatron_plan
+    grid = candidates.best_megatron_plan
 
     def counted(*args, **kwargs):
         if args[1] is BIG_CLUSTER:  # not a single type's nodes (`best_single_type_plan`)
             calls.append(kwargs.get("cutoff_s", float("inf")))
         return grid(*args, **kwargs)
-    monkeypatch.setattr(megatron_grid, "best_megatron_plan", counted)
+    monkeypatch.setattr(candidates, "best_megatron_plan", counted)
     plain = _search(monkeypatch, early=False)
     assert calls and all(c < float("inf") for c in calls)  # with the best plan as cutoff
     calls.clear()
