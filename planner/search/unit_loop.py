@@ -272,18 +272,21 @@ def finish(ctx: UnitContext, target: float, deadline: float | None, pool: UnitPo
     return timed_out or cut, _take(ctx, engines, engine_found)
 
 
-def polish_order(ctx: UnitContext, target: float, polish: str | None) -> list[SolvedUnit]:
+def polish_order(ctx: UnitContext, target: float, polish: str | None,
+                 leave_out: list[SolvedUnit] | None = None) -> list[SolvedUnit]:
     """The units `finish` would polish now, in order: the lowest-bound ones (`POLISH_UNITS` or
-    `POLISH_SOFT_UNITS`), then those the best plan came from, each only if due."""
+    `POLISH_SOFT_UNITS`), then those the best plan came from, each only if due; of the solved
+    units but `leave_out`."""
     if polish is None:
         return []
     top = min(ctx.candidates, key=lambda c: c.step_s)
     best = top.step_s
     strong = polish == "always" or gap_missed(ctx, target) or top.prediction.tail_s >= POLISH_TAIL_SHARE * best
-    todo = sorted(ctx.solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong else POLISH_SOFT_UNITS]
+    solved = [su for su in ctx.solved if not leave_out or su not in leave_out]
+    todo = sorted(solved, key=lambda x: x.bound_s)[:POLISH_UNITS if strong else POLISH_SOFT_UNITS]
     # and the units the best plan came from: a plan near it is there
     origin = {c.unit for c in ctx.candidates if c.step_s == best}
-    todo += sorted((su for su in ctx.solved if (su.unit.b, su.unit.lo, su.unit.hi) in origin and su not in todo),
+    todo += sorted((su for su in solved if (su.unit.b, su.unit.lo, su.unit.hi) in origin and su not in todo),
                    key=lambda x: x.bound_s)
     return [su for su in todo if su.polish_due()]
 
@@ -358,7 +361,13 @@ def close_gap(ctx: UnitContext, pool: UnitPool, sizes: list[int], target: float 
             # start with runs beside the engines instead of a speculated polish (the 64-GPU ladder
             # rung: the engines' batch 0.30 s against 0.39 s, and its polish found a faster plan)
             goal = min(c.step_s for c in ctx.candidates) / (1 + goal_gap)
-            seconds = _take(ctx, early, pool.engines_beside_refinement(first, early, sizes, deadline, goal))
+            # beside them, speculatively, the polish `finish` would run next if the refinement left
+            # the gap open and lifted the units it refines out of the polish's way (taken only if
+            # asked for with the same arguments: the same answer)
+            best = min(c.step_s for c in ctx.candidates)
+            ahead = _next_polish(polish_order(ctx, goal_gap, polish, first), best, prune)[0]
+            seconds = _take(ctx, early, pool.engines_beside_refinement(first, early, sizes, deadline, goal, ahead,
+                                                                       goal_gap))
             ctx.explored["units_refined"] += len(first)
             mark(ctx, "refinement")
         elif pool.parallel and polish is not None:
