@@ -87,6 +87,34 @@ def test_a_wide_class_is_re_solved_at_the_pipeline_count_it_chose(b: int, lo: in
     assert ctx.solved[0].bound_s <= min(c.step_s for c in ctx.candidates)
 
 
+@pytest.mark.parametrize("b,lo,hi", [(1, 2, 3), (2, 2, 2), (2, 4, 6)])
+def test_bound_sets_are_the_pruned_bound_protos_as_columns(b: int, lo: int, hi: int) -> None:
+    """`BlocksProvider.bound_set` builds its columns without template objects: equal, column by
+    column, to `PackedTemplates.of` the templates made one by one from the bound protos (each
+    with its skeleton's least tail, the unfit dropped) and pruned by `pareto_indices`."""
+    import math
+
+    from planner.search.templates import PackedTemplates, Template, pareto_indices
+
+    provider, _ = _provider(b)
+    got = provider.bound_set(lo, hi)
+    e = provider._lb_tails(provider._tail_options(lo, hi if TRAINING.zero else lo)).tolist()
+    _, _, usage = provider._lb_index()
+    protos = provider.lb_protos
+    live = [k for k in range(len(protos)) if math.isfinite(e[k])]
+    keys = provider._lb_keys.tolist()
+    keep = pareto_indices([keys[k] for k in live], [protos[k].a_s for k in live], [protos[k].c_s for k in live],
+                          [e[k] for k in live])
+    want = PackedTemplates.of([Template(usage[k], protos[k].a_s, protos[k].c_s, e[k], None, (), protos[k].skeleton)
+                               for k in (live[i] for i in keep)])
+    assert len(got) > 0 and len(got) <= len(protos)
+    for name in ("usage", "times", "max_microbatches", "proto", "skeleton"):
+        assert getattr(got, name).dtype == getattr(want, name).dtype
+        assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+    assert got.skeletons == want.skeletons and got.stages is want.stages is None
+    assert provider.bound_templates(lo, hi) == want.unpack()
+
+
 def test_packed_templates_unpack_to_equal_templates() -> None:
     """Bound templates travel between processes as columns (`templates.PackedTemplates`); what
     comes out must be the same templates, floats bit for bit, skeletons and stages included."""

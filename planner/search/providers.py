@@ -25,8 +25,8 @@ from planner.search.protos import (FrontierPart, Proto, StageTable, assemble, fr
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
 from planner.search.tail_levels import TAIL_CACHE, TailLevels
 from planner.search.tail_plans import TailPlans
-from planner.search.templates import (Template, TemplateStage, block_skeletons, pareto_indices, pareto_keep,
-                                      prune_templates, skeleton_group)
+from planner.search.templates import (PackedTemplates, Template, TemplateStage, block_skeletons, pareto_indices,
+                                      pareto_keep, prune_templates, skeleton_group)
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, coded_min_max_tails, row_skeleton,
@@ -100,6 +100,8 @@ class BlocksProvider(TailLevels, TailPlans):
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
         self._lb_keys = np.zeros(0, dtype=np.int64)  # see _lb_index
+        self._lb_usage = np.zeros((0, len(classes)), dtype=np.int64)  # see _lb_arrays
+        self._lb_cols: tuple[np.ndarray, np.ndarray] | None = None  # see _lb_arrays
         self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
@@ -177,6 +179,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._plan_screens = self._screens(plan_parts)
         self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
         self._ac = {}
+        self._lb_cols = None
         self._plan_use = None
         self._plan_stages = {}
         self._stage_index = None
@@ -334,7 +337,7 @@ class BlocksProvider(TailLevels, TailPlans):
             skeletons = list(index)
             usage = [skeleton_usage(sk, len(self.classes)) for sk in skeletons]
             group = [skeleton_group(sk) for sk in skeletons]
-            # each proto's pruning key (`_lb_templates`), the same for every replica class: the rank
+            # each proto's pruning key (`_lb_packed`), the same for every replica class: the rank
             # of its (usage, skeleton group) among the distinct ones, so that `pareto_keep` sorts
             # ints, in the same order, instead of nested tuples of block types
             by_skeleton = [(usage[k], group[k]) for k in range(len(skeletons))]
@@ -371,16 +374,38 @@ class BlocksProvider(TailLevels, TailPlans):
             self._lb_row_cache = (keys, codes, [at.get(sk, -1) for sk in self._lb_index()[0]])
         return self._lb_row_cache[1], self._lb_row_cache[2]
 
-    def _lb_templates(self, tails: dict[BlockType, StageOptions]) -> list[Template]:
-        """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned."""
-        _, _, usage = self._lb_index()
+    def _lb_packed(self, tails: dict[BlockType, StageOptions]) -> PackedTemplates:
+        """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned,
+        as columns (equal to `PackedTemplates.of` of the templates: a unit's solve reads its bound
+        templates as arrays and hands them to the parent so; building each as an object, then
+        the LP's arrays and the packed columns from the objects, was 15 % of a unit's solve)."""
+        skeletons, of, _ = self._lb_index()
         e = self._lb_tails(tails)
         live = np.flatnonzero(e < INF)
-        a, c = self._columns("lb")
+        a, c = self._lb_arrays()
         # pruned within (usage, skeleton group) only: refinement replaces groups whole (`bound_key`)
-        keep = live[pareto_keep(self._lb_keys[live], np.take(a, live), np.take(c, live), e[live])].tolist()
-        protos = self.lb_protos
-        return [Template(usage[k], a[k], c[k], t, None, (), protos[k].skeleton) for k, t in zip(keep, e[keep].tolist())]
+        keep = live[pareto_keep(self._lb_keys[live], a[live], c[live], e[live])]
+        kept = of[keep]
+        # skeletons numbered in order of first appearance, as `PackedTemplates.of` numbers them
+        distinct, first, back = np.unique(kept, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        none = np.full(len(keep), -1, dtype=np.int64)
+        return PackedTemplates(self._lb_usage[keep], np.column_stack([a[keep], c[keep], e[keep]]), none, none.copy(),
+                               rank[back], [skeletons[k] for k in distinct[order].tolist()], None)
+
+    def _lb_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """A and C of every bound proto as arrays, and (`_lb_usage`) their GPU usage (computed once
+        per frontier)."""
+        if self._lb_cols is None:
+            a, c = self._columns("lb")
+            skeletons, of, _ = self._lb_index()
+            per_skeleton = np.array([skeleton_usage(sk, len(self.classes)) for sk in skeletons],
+                                    dtype=np.int64).reshape(len(skeletons), len(self.classes))
+            self._lb_usage = per_skeleton[of]
+            self._lb_cols = (np.array(a, dtype=float), np.array(c, dtype=float))
+        return self._lb_cols
 
     def _columns(self, which: str) -> tuple[list[float], list[float]]:
         """A and C of every "plan" or "lb" proto as plain lists (computed once per frontier)."""
@@ -414,9 +439,14 @@ class BlocksProvider(TailLevels, TailPlans):
         return [Template(usage[i], a[i], c[i], e_plan[i], None, (), None, i) for i in keep]
 
     def bound_templates(self, lo: int, hi: int) -> list[Template]:
+        """Optimistic templates for the class [lo, hi] (`bound_set`'s, as objects)."""
+        return self.bound_set(lo, hi).unpack()
+
+    def bound_set(self, lo: int, hi: int) -> PackedTemplates:
         """Optimistic templates for the class [lo, hi]: per bound proto its skeleton's least
-        tail (sync for `lo` pipelines, optimizer states sharded over `hi` with ZeRO), pruned."""
-        return self._lb_templates(self._tail_options(lo, hi if self.training.zero else lo))
+        tail (sync for `lo` pipelines, optimizer states sharded over `hi` with ZeRO), pruned; as
+        columns."""
+        return self._lb_packed(self._tail_options(lo, hi if self.training.zero else lo))
 
     def _plan_usage(self) -> list[tuple[int, ...]]:
         """GPU usage of every plan proto (computed once, per distinct skeleton)."""

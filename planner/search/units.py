@@ -208,7 +208,7 @@ def solve_unit(u: Unit, ctx: UnitContext, solver: str, start: float, time_limit:
         sol, lb = _solve_exact(plan_set, lb_set, problem_args, solver, start, time_limit, unit)
     else:
         incumbent = incumbent_s if incumbent_s is not None else min((c.step_s for c in ctx.candidates), default=None)
-        lb_set = provider.bound_templates(u.lo, u.hi)
+        lb_set = provider.bound_set(u.lo, u.hi)
         plan_set, sol, lb = _solve_lp(lambda: provider.plan_templates(u.lo), lb_set, problem_args,
                                       None if incumbent is None else incumbent - overhead, start, time_limit, unit,
                                       prune)
