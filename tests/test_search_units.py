@@ -115,6 +115,23 @@ def test_bound_sets_are_the_pruned_bound_protos_as_columns(b: int, lo: int, hi: 
     assert provider.bound_templates(lo, hi) == want.unpack()
 
 
+@pytest.mark.parametrize("b", [1, 2])
+def test_zero_tail_templates_are_the_pruned_bound_protos_without_tails(b: int) -> None:
+    """`BlocksProvider.zero_tail_templates` (columns) equals `PackedTemplates.of` the templates
+    made one by one from the bound protos with tail 0, pruned by GPU usage (`prune_templates`)."""
+    from planner.search.templates import PackedTemplates, Template, prune_templates
+
+    provider, _ = _provider(b)
+    got = provider.zero_tail_templates()
+    _, _, usage = provider._lb_index()
+    want = PackedTemplates.of(prune_templates([Template(u, p.a_s, p.c_s, 0.0, None, ())
+                                               for p, u in zip(provider.lb_protos, usage)]))
+    assert 0 < len(got) < len(provider.lb_protos)
+    for name in ("usage", "times", "max_microbatches", "proto", "skeleton"):
+        assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+    assert got.skeletons == want.skeletons == [] and got.stages is want.stages is None
+
+
 def test_packed_templates_unpack_to_equal_templates() -> None:
     """Bound templates travel between processes as columns (`templates.PackedTemplates`); what
     comes out must be the same templates, floats bit for bit, skeletons and stages included."""

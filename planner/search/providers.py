@@ -90,8 +90,8 @@ class BlocksProvider(TailLevels, TailPlans):
         self._plan_table: StageTable | None = None  # the plan protos' stages
         self._block_types = list(shapes)  # a stage table's block type codes index this
         self._code = {bt: k for k, bt in enumerate(self._block_types)}
-        self._zero: list[Template] | None = None
-        self._relaxed: list[Template] | None = None
+        self._zero: PackedTemplates | None = None
+        self._relaxed: list[Template] | PackedTemplates | None = None
         self._stage_index: dict[BlockType, np.ndarray] | None = None
         self._plan_use: list[tuple[int, ...]] | None = None  # see _plan_usage
         self._plan_stages: dict[int, tuple[TemplateStage, ...]] = {}  # see _template_stages
@@ -100,7 +100,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._base_views: dict[BlockType, object] = {}  # uniform views of the bound protos' options
         self._lb_meta: tuple | None = None  # see _lb_index
         self._lb_keys = np.zeros(0, dtype=np.int64)  # see _lb_index
-        self._lb_usage = np.zeros((0, len(classes)), dtype=np.int64)  # see _lb_arrays
+        self._lb_usage = np.zeros((0, len(classes)), dtype=np.int64)  # see _lb_index
         self._lb_cols: tuple[np.ndarray, np.ndarray] | None = None  # see _lb_arrays
         self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._groups: dict | None = None  # see _group_skeletons
@@ -186,7 +186,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._lb_meta = None
         self._lb_row_cache = None
 
-    def relaxed_templates(self) -> list[Template]:
+    def relaxed_templates(self) -> list[Template] | PackedTemplates:
         """Cheap optimistic templates, before any frontier: per homogeneous skeleton of uniform
         layers (A_min, A_min / S, tail 0), with A_min the least A of any memory-feasible split;
         every split of it has A >= A_min and C >= A / S. Other skeletons need their frontier, so
@@ -342,8 +342,10 @@ class BlocksProvider(TailLevels, TailPlans):
             # ints, in the same order, instead of nested tuples of block types
             by_skeleton = [(usage[k], group[k]) for k in range(len(skeletons))]
             rank = {key: i for i, key in enumerate(sorted(set(by_skeleton)))}
-            self._lb_keys = np.array([rank[by_skeleton[k]] for k in of], dtype=np.int64)
-            self._lb_meta = (skeletons, np.array(of, dtype=np.int64), [usage[k] for k in of])
+            at = np.array(of, dtype=np.int64)
+            self._lb_keys = np.array([rank[key] for key in by_skeleton], dtype=np.int64)[at]
+            self._lb_usage = np.array(usage, dtype=np.int64).reshape(len(skeletons), len(self.classes))[at]
+            self._lb_meta = (skeletons, at, [usage[k] for k in of])
         return self._lb_meta
 
     def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
@@ -396,15 +398,13 @@ class BlocksProvider(TailLevels, TailPlans):
                                rank[back], [skeletons[k] for k in distinct[order].tolist()], None)
 
     def _lb_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """A and C of every bound proto as arrays, and (`_lb_usage`) their GPU usage (computed once
-        per frontier)."""
+        """A and C of every bound proto as arrays (computed once per frontier); `_lb_index` is
+        computed too, and with it `_lb_usage`."""
         if self._lb_cols is None:
-            a, c = self._columns("lb")
-            skeletons, of, _ = self._lb_index()
-            per_skeleton = np.array([skeleton_usage(sk, len(self.classes)) for sk in skeletons],
-                                    dtype=np.int64).reshape(len(skeletons), len(self.classes))
-            self._lb_usage = per_skeleton[of]
-            self._lb_cols = (np.array(a, dtype=float), np.array(c, dtype=float))
+            self._lb_index()
+            protos = self.lb_protos
+            self._lb_cols = (np.fromiter((p.a_s for p in protos), dtype=float, count=len(protos)),
+                             np.fromiter((p.c_s for p in protos), dtype=float, count=len(protos)))
         return self._lb_cols
 
     def _columns(self, which: str) -> tuple[list[float], list[float]]:
@@ -414,13 +414,17 @@ class BlocksProvider(TailLevels, TailPlans):
             self._ac[which] = ([p.a_s for p in protos], [p.c_s for p in protos])
         return self._ac[which]
 
-    def zero_tail_templates(self) -> list[Template]:
+    def zero_tail_templates(self) -> PackedTemplates:
         """The bound templates with every tail set to 0: their assignment optimum bounds every plan
-        of this microbatch size whatever its replica count (tails are >= 0, memory as for r_all)."""
+        of this microbatch size whatever its replica count (tails are >= 0, memory as for r_all).
+        As columns (`prune_templates` of the templates, by GPU usage, without building them)."""
         if self._zero is None:
-            _, _, usage = self._lb_index()
-            self._zero = prune_templates([Template(u, p.a_s, p.c_s, 0.0, None, ())
-                                          for p, u in zip(self.lb_protos, usage)])
+            a, c = self._lb_arrays()
+            keys = np.unique(self._lb_usage, axis=0, return_inverse=True)[1].reshape(-1)  # ranks of usage tuples
+            keep = pareto_keep(keys, a, c, np.zeros(len(a)))
+            none = np.full(len(keep), -1, dtype=np.int64)
+            times = np.column_stack([a[keep], c[keep], np.zeros(len(keep))])
+            self._zero = PackedTemplates(self._lb_usage[keep], times, none, none.copy(), none.copy(), [], None)
         return self._zero
 
     def templates(self, lo: int, hi: int) -> tuple[list[Template], list[Template]]:
