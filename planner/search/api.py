@@ -423,7 +423,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
                            "plan's step: the plan lies outside that space and beats every plan in it, so the "
                            "gap is 0 against that space and this plan, not against plans outside it")
     out_stats = {**explored, "ilp_solves": stats.ilp_solves, "feasibility_checks": stats.feasibility_checks,
-                 "plans_scored": len(candidates), "megatron_grid_s": grid_s + (ctx.early_grid[1] if ctx.early_grid else 0.0), "chain_s": chain_s,
+                 "plans_scored": len(candidates),
+                 "megatron_grid_s": grid_s + (ctx.early_grid[1] if ctx.early_grid else 0.0), "chain_s": chain_s,
                  "search_s": time.perf_counter() - start}
     close(ctx.history, best.step_s, lower, out_stats["search_s"])
     return SearchResult(plan, pred, lower, gap, alternatives, coverage, idle, explanation, out_stats, timed_out,
