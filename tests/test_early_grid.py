@@ -59,3 +59,15 @@ def test_the_coverage_bound_never_claims_more_than_the_grid_allows(monkeypatch: 
     assert grid is not None
     assert res.coverage_bound_s is not None and res.coverage_bound_s <= grid[1].step_s
     assert res.lower_bound_s <= res.prediction.step_s <= grid[1].step_s
+
+
+def test_a_short_time_limit_leaves_the_grid_after_the_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a time limit below `EARLY_GRID_MIN_LIMIT_S` the grid is not searched first (it would
+    eat into the frontiers' deadline); with a longer one, or none, it is."""
+    assert not candidates.wants_early_grid(64, 10_000, time_limit=2.0)
+    assert candidates.wants_early_grid(64, 10_000, time_limit=candidates.EARLY_GRID_MIN_LIMIT_S)
+    assert candidates.wants_early_grid(64, 10_000) and not candidates.wants_early_grid(65, 10_000)
+    assert not candidates.wants_early_grid(64, candidates.EARLY_GRID_MIN_ROWS - 1)
+    limited = _search(monkeypatch, early=True, time_limit=5.0)
+    plain = _search(monkeypatch, early=False, time_limit=5.0)
+    assert limited.counts()["templates"] == plain.counts()["templates"]  # nothing capped

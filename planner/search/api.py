@@ -327,7 +327,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
     else:
         # on small pools the best Megatron grid first: its step caps the frontiers' A (`early_grid`)
         rows = sum(len(p.skeletons) for p in providers if getattr(p, "needs_frontiers", False))  # a row each
-        pilot = (lambda: early_grid(ctx, sizes)) if wants_early_grid(sum(avail), rows) else None
+        pilot = (lambda: early_grid(ctx, sizes)) if wants_early_grid(sum(avail), rows, time_limit) else None
         ctx = replace(ctx, early_grid=prefetch_frontiers(providers, workers, pilot))
         with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             if wants_chains(chains, coverages, classes):

@@ -46,16 +46,21 @@ def megatron_grid_candidate(ctx: UnitContext, sizes: list[int], cutoff_s: float,
 
 
 EARLY_GRID_MAX_GPUS = 64  # pools up to this size search the Megatron grid before the frontiers,
-EARLY_GRID_MIN_ROWS = 6_000  # ... where the frontiers sweep at least this many skeleton rows in all
+EARLY_GRID_MIN_ROWS = 6_000  # ... where the frontiers sweep at least this many skeleton rows in all,
+EARLY_GRID_MIN_LIMIT_S = 10.0  # ... and no time limit under this is set
 
 
-def wants_early_grid(gpus: int, rows: int) -> bool:
+def wants_early_grid(gpus: int, rows: int, time_limit: float | None = None) -> bool:
     """Whether `api.search` runs `early_grid` before the frontiers: on pools of at most
     `EARLY_GRID_MAX_GPUS` GPUs whose frontiers sweep at least `EARLY_GRID_MIN_ROWS` rows (summed
     over the microbatch sizes). The grid takes a worker for 0.1 s without a cutoff; the 32- and
     64-GPU ladder rungs (10,400-10,600 rows) gain 0.05-0.1 s, the 16-GPU rung (3,700 rows, frontiers
-    of 0.05-0.07 s per size) lost 0.05 s (fresh processes, alternating, with `stop_gap` 0.02)."""
-    return gpus <= EARLY_GRID_MAX_GPUS and rows >= EARLY_GRID_MIN_ROWS
+    of 0.05-0.07 s per size) lost 0.05 s (fresh processes, alternating, with `stop_gap` 0.02). On
+    random pools it took up to 1.06 s (`chain_check.py --seed 40` pool 23, 52 GPUs; that search
+    still gained): not under a short `time_limit` (below `EARLY_GRID_MIN_LIMIT_S`), whose frontier
+    deadline (80 % of it) it would eat into; there the grid runs as before, after the units."""
+    return (gpus <= EARLY_GRID_MAX_GPUS and rows >= EARLY_GRID_MIN_ROWS
+            and (time_limit is None or time_limit >= EARLY_GRID_MIN_LIMIT_S))
 
 
 def early_grid(ctx: UnitContext, sizes: list[int]) -> tuple[tuple[tuple[Plan, Prediction] | None, float], float]:
