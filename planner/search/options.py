@@ -188,9 +188,11 @@ def build_options(cost: CostModel, rc: ResourceClass, shapes: list[StageShape],
     return OptionCosting(cost, rc, shapes, ctx).options(ctx.replicas_sync, ctx.replicas_mem, tails_only)
 
 
+PrunedOptions = tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]], dict[BlockType, list[int]]]
+
+
 def pruned_options(opts: dict[BlockType, StageOptions], shapes: dict[BlockType, list[StageShape]],
-                   use_tail: bool, uniform: dict[BlockType, bool] | None = None
-                   ) -> tuple[dict[BlockType, StageOptions], dict[BlockType, list[StageShape]], dict[BlockType, list[int]]]:
+                   use_tail: bool, uniform: dict[BlockType, bool] | None = None) -> PrunedOptions:
     """Each block type's undominated options (`solvers.partition.undominated_options`), their
     shapes, and their indices into the unpruned lists. Block types marked in `uniform` (identical
     layers) are compared on the ranges their stage kinds read only (same answer, ~15x fewer cells)."""

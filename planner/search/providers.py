@@ -458,7 +458,8 @@ class BlocksProvider(TailLevels, TailPlans):
             index: dict[tuple[BlockType, ...], tuple[int, ...]] = {}
             n_cls = len(self.classes)
             self._plan_use = [index[p.skeleton] if p.skeleton in index
-                              else index.setdefault(p.skeleton, skeleton_usage(p.skeleton, n_cls)) for p in self.plan_protos]
+                              else index.setdefault(p.skeleton, skeleton_usage(p.skeleton, n_cls))
+                              for p in self.plan_protos]
         return self._plan_use
 
     def resolved(self, t: Template) -> Template:
