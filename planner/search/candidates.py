@@ -64,14 +64,14 @@ def wants_early_grid(gpus: int, rows: int, time_limit: float | None = None) -> b
 
 
 def early_grid(ctx: UnitContext, sizes: list[int]) -> tuple[tuple[tuple[Plan, Prediction] | None, float], float]:
-    """The best Megatron grid without a cutoff (`megatron_grid.best_megatron_plan`; then
-    `ctx.early_grid`, which later runs of `megatron_grid_candidate` take instead of searching
-    those grids again; the grids on one GPU type alone are left to them, under the best plan's
-    cutoff: 0.02-0.03 s of the 0.12-0.15 s the early grid took on the 64-GPU ladder rung) and the
-    cap it puts on every split frontier's A (`BlocksProvider.cap_pipeline_time`): its step less the step overhead
-    (a pipeline holds at least one microbatch, so a plan with a split of larger A is slower than
-    the grid's plan; +inf without a grid). `api.search` runs it first where `wants_early_grid`,
-    beside the smallest microbatch sizes' frontiers (`frontier_workers.prefetch_frontiers`)."""
+    """The best Megatron grid without a cutoff, and the cap it puts on every split frontier's A
+    (`BlocksProvider.cap_pipeline_time`): its step less the step overhead (a pipeline holds at
+    least one microbatch, so a plan with a split of larger A is slower than the grid's plan; +inf
+    without a grid). `api.search` runs it first where `wants_early_grid`, beside the smallest
+    microbatch sizes' frontiers (`frontier_workers.prefetch_frontiers`), and keeps it as
+    `ctx.early_grid`, which later runs of `megatron_grid_candidate` take instead of searching those
+    grids again; the grids on one GPU type alone are left to them, under the best plan's cutoff
+    (0.02-0.03 s of the 0.12-0.15 s the early grid took on the 64-GPU ladder rung)."""
     start = time.perf_counter()
     found = best_megatron_plan(ctx.model, ctx.cluster, ctx.training, ctx.cost, sizes)
     cap = math.inf if found is None else (found[1].step_s - ctx.cost.knobs.step_overhead_s) * (1 + 1e-9)
