@@ -367,8 +367,8 @@ class UnitPool:
         gap at 2.0016 % and the polish that closed it ran alone after it (0.09 s, one worker idle)."""
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
         ratios = [su.next_ratio() for su in refines]
-        ahead = [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, top.step_s,
-                  deadline, whole_gap) for su in polishes or []] if self.parallel else []
+        ahead = [self._polish_task(su, top.step_s, deadline, whole_gap) for su in (polishes or [])
+                 if self.parallel]
         tasks, outs_of = self._engine_tasks(engines, sizes, top.step_s, top.prediction.tail_s / top.step_s)
         outs, forked = self._map(_finish_task, ahead + tasks + self._refine_tasks(refines, ratios, deadline, goal_s))
         self._ahead = {self._polish_key(su, top.step_s, deadline, whole_gap): (su.lb_set, (out, forked))
@@ -417,6 +417,11 @@ class UnitPool:
                        for su, out in zip(sus, polish_outs)}
         return engine_outs
 
+    def _polish_task(self, su: SolvedUnit, best: float, deadline: float | None, whole_gap: float | None) -> tuple:
+        """The `_finish_task` arguments of `su`'s polish against the best plan `best`."""
+        return ("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline,
+                whole_gap)
+
     def _polish_key(self, su: SolvedUnit, best: float, deadline: float | None, whole_gap: float | None) -> tuple:
         """A polish task's arguments but its templates (compared by identity, `_finish_outs`)."""
         return (self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, best, deadline, whole_gap)
@@ -436,8 +441,7 @@ class UnitPool:
         # a 0.37 s polish, beside a 0.5 s one)
         tasks, outs_of = self._engine_tasks(engines, sizes, best, share) if engines else ([], list)
         n_engines = len(tasks)
-        tasks += [("polish", self._index[id(su.unit)], su.unit.lo, su.unit.hi, su.bound_s, su.lb_set, best, deadline,
-                   whole_gap) for su in todo]
+        tasks += [self._polish_task(su, best, deadline, whole_gap) for su in todo]
         outs, forked = self._map(_finish_task, tasks) if tasks else ([], False)
         ran = iter((out, forked) for out in outs[n_engines:])
         polish = [ahead[k] if k in ahead else next(ran) for k in keys]
