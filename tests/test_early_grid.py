@@ -50,8 +50,10 @@ def test_the_early_grid_answer_does_not_depend_on_workers(monkeypatch: pytest.Mo
 
 
 def test_the_coverage_bound_never_claims_more_than_the_grid_allows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With capped frontiers the coverage's bound holds for plans at most as slow as the grid's:
-    reported, it is at most the grid's step (and the reported bound at most the plan's)."""
+    """With capped frontiers the reported coverage bound is at most the grid's step and the
+    reported bound at most the plan's. (On this pool the capped units' bounds stay below the
+    grid's step, so `api.search`'s cap on the coverage bound does not bind here: this checks the
+    property, not that line.)"""
     from planner.search.megatron_grid import best_megatron_plan
 
     res = _search(monkeypatch, early=True)
