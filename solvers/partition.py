@@ -294,6 +294,9 @@ def undominated_options(opts: StageOptions, use_tail: bool = True,
 
 
 def subset_options(opts: StageOptions, keep: list[int]) -> StageOptions:
+    """Options `keep` only (of any options type with these fields and a `subset` method)."""
+    if not isinstance(opts, StageOptions):
+        return opts.subset(keep)
     return StageOptions(opts.fb[keep], opts.tail[keep], opts.mem_fixed[keep], opts.act[keep], opts.capacity)
 
 

@@ -105,11 +105,60 @@ def kind_cells(n: int) -> tuple[np.ndarray, np.ndarray]:
     return i, j
 
 
-def uniform_view(opts: StageOptions, trusted: bool = False) -> UniformView | None:
+@dataclass(frozen=True, eq=False)
+class KindCellOptions:
+    """`StageOptions` of identical layers on the kind cells only (`kind_cells(n)`, in its order):
+    each field (O, 3n - 3). `planner.search.options.OptionCosting.kind_options` costs them (the
+    same values as its full tables there); `expand` gives the full tables, for the general DP."""
+
+    fb: np.ndarray
+    tail: np.ndarray
+    mem_fixed: np.ndarray
+    act: np.ndarray
+    capacity: float
+    num_layers: int
+    expand: Callable[[], StageOptions] = field(repr=False)
+
+    def subset(self, keep: list[int]) -> KindCellOptions:
+        return KindCellOptions(self.fb[keep], self.tail[keep], self.mem_fixed[keep], self.act[keep], self.capacity,
+                               self.num_layers, functools.partial(_expanded_subset, self.expand, keep))
+
+
+def _expanded_subset(expand: Callable[[], StageOptions], keep: list[int]) -> StageOptions:
+    full = expand()
+    return StageOptions(full.fb[keep], full.tail[keep], full.mem_fixed[keep], full.act[keep], full.capacity)
+
+
+def full_options(opts: StageOptions | KindCellOptions) -> StageOptions:
+    """Options on every layer range: `opts` itself, or a `KindCellOptions`'s expanded."""
+    return opts.expand() if isinstance(opts, KindCellOptions) else opts
+
+
+def _kind_cell_columns(a: np.ndarray, mid_ok: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+    """`_kind_columns` of a field on the kind cells (O, 3n - 3): [0, j) for j = 1..n, then
+    [i, n) for i = 1..n-1, then [1, j) for j = 2..n-1."""
+    big_n = n - 2
+    d_all = np.arange(big_n + 1)
+    mid = np.full((a.shape[0], big_n + 1), INF)
+    mid[:, 1:] = np.where(mid_ok, a[:, 2 * n - 1:3 * n - 3], INF)
+    whole = np.full((a.shape[0], big_n + 1), INF)
+    whole[:, big_n] = a[:, n - 1]
+    return a[:, d_all], mid, a[:, 2 * n - 2 - d_all], whole
+
+
+def uniform_view(opts: StageOptions | KindCellOptions, trusted: bool = False) -> UniformView | None:
     """The kind tables, or None when a middle stage's cost depends on its position. `trusted` skips
     that check (for arrays already checked at another replica count: tails change with replicas,
-    their dependence on the layer range does not)."""
+    their dependence on the layer range does not); kind-cell options were costed only because
+    their layers are identical."""
     n = opts.num_layers
+    if isinstance(opts, KindCellOptions):
+        if n - 2 < 1:
+            return None
+        mid_ok = np.isfinite(opts.fb[:, 2 * n - 1:3 * n - 3])
+        cols = [_kind_cell_columns(getattr(opts, f), mid_ok, n) for f in _FIELDS]
+        first, mid, last, whole = (Kind(*(c[k] for c in cols)) for k in range(4))
+        return UniformView(n, first, mid, last, whole, opts.capacity)
     if n - 2 < 1 or not (trusted or _is_uniform(opts)):
         return None
     mid_ok = np.isfinite(opts.fb[:, 1, 2:n])
@@ -119,11 +168,12 @@ def uniform_view(opts: StageOptions, trusted: bool = False) -> UniformView | Non
 
 
 def with_tail(view: UniformView, tail: np.ndarray) -> UniformView:
-    """The same view with the stage tails of `tail` (O, L+1, L+1), e.g. re-costed for another
-    replica count; F+B, memory and their caches are shared."""
+    """The same view with the stage tails of `tail` (O, L+1, L+1), or on the kind cells (O,
+    3n - 3, `KindCellOptions`), e.g. re-costed for another replica count; F+B, memory and their
+    caches are shared."""
     n = view.n
     mid_ok = np.isfinite(view.mid.fb[:, 1:])
-    cols = _kind_columns(tail, mid_ok, n)
+    cols = _kind_cell_columns(tail, mid_ok, n) if tail.ndim == 2 else _kind_columns(tail, mid_ok, n)
     old = (view.first, view.mid, view.last, view.whole)
     kinds = [Kind(k.fb, c, k.mem_fixed, k.act, k.fits) for k, c in zip(old, cols)]
     return UniformView(n, *kinds, view.capacity)

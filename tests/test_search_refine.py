@@ -20,6 +20,7 @@ from planner.search.space import block_types, resource_classes, stage_shapes
 from planner.specs import ClusterSpec, ModelSpec, NodeGroup, TrainingSpec
 from planner.specs.models import get_model
 from solvers.partition import StageOptions, split_frontier
+from solvers.uniform_layers import full_options
 
 COST = AnalyticCostModel()
 MODEL = ModelSpec(name="refine-model", num_layers=6, hidden=1024, ffn_hidden=4096, num_heads=8, num_kv_heads=8,
@@ -68,8 +69,8 @@ def test_level_templates_dominate_every_split(replicas: int, ratio: float, gener
     groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
     new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf, ratio=ratio)
     assert covered == groups and new
-    full = provider._options(1, 1)
-    tails = provider._options(replicas, replicas, tails_only=True)
+    full = {bt: full_options(o) for bt, o in provider._options(1, 1).items()}
+    tails = {bt: full_options(o) for bt, o in provider._options(replicas, replicas, tails_only=True).items()}
     opts = {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
             for bt in full}
     by_skeleton = _assert_levels_dominate(provider, new, covered, opts)
@@ -346,7 +347,8 @@ def test_zero_levels_dominate_every_split_with_memory_for_the_class(replicas: in
     groups = {provider.skeleton_group(t.skeleton) for t in lb_set} - {None}
     new, covered = provider.level_templates(replicas, replicas, groups, e_cap=math.inf)
     assert covered == groups and new
-    _assert_levels_dominate(provider, new, covered, provider._options(replicas, replicas))
+    _assert_levels_dominate(provider, new, covered,
+                            {bt: full_options(o) for bt, o in provider._options(replicas, replicas).items()})
 
 
 def test_zero_refinement_checks_memory_for_the_units_pipelines() -> None:

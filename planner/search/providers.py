@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 
@@ -34,7 +35,9 @@ from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, code
 from solvers.frontier_table import batched_frontier_table
 from solvers.horizon import Horizon
 from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
-from solvers.uniform_layers import INF, Budget, least_a, uniform_view, with_tail
+from solvers.uniform_layers import INF, Budget, KindCellOptions, full_options, least_a, uniform_view, with_tail
+
+Options = StageOptions | KindCellOptions  # of identical layers: on the kind cells only
 
 
 @dataclass
@@ -82,7 +85,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self.cut_short = False  # the deadline cut some frontier short: plans from here are poorer
         r_all = max(1, sum(avail))
         self._r_lb = 1 if training.zero == 0 else r_all
-        self._full: dict[int, dict[BlockType, StageOptions]] = {}
+        self._full: dict[int, dict[BlockType, Options]] = {}
         self._uniform: dict[BlockType, bool] = {}
         self._plan_protos: list[Proto] | None = None  # computed on first use (best-first search
         self._lb_protos: list[Proto] | None = None  # may never need this microbatch size)
@@ -93,6 +96,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._zero: PackedTemplates | None = None
         self._relaxed: list[Template] | PackedTemplates | None = None
         self._stage_index: dict[BlockType, np.ndarray] | None = None
+        self._cells_of: dict[BlockType, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # see _stage_cells
         self._plan_use: list[tuple[int, ...]] | None = None  # see _plan_usage
         self._plan_stages: dict[int, tuple[TemplateStage, ...]] = {}  # see _template_stages
         self._class_levels: dict[tuple[int, int], tuple[dict, dict, dict]] = {}  # the class last refined
@@ -105,7 +109,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._lb_row_cache: tuple | None = None  # see _lb_rows
         self._groups: dict | None = None  # see _group_skeletons
         self._ac: dict[str, tuple[list[float], list[float]]] = {}  # see _columns
-        self._tails: dict[tuple[int, int], dict[BlockType, StageOptions]] = {}  # see _tail_options
+        self._tails: dict[tuple[int, int], dict[BlockType, Options]] = {}  # see _tail_options
         self._costing: dict[BlockType, OptionCosting] | None = None  # see _options
         self._horizon_at: Horizon | None = None  # see _horizon
         self._a_max = INF  # see cap_pipeline_time
@@ -183,6 +187,7 @@ class BlocksProvider(TailLevels, TailPlans):
         self._plan_use = None
         self._plan_stages = {}
         self._stage_index = None
+        self._cells_of = {}
         self._lb_meta = None
         self._lb_row_cache = None
 
@@ -210,11 +215,18 @@ class BlocksProvider(TailLevels, TailPlans):
         self._relaxed = prune_templates(out)
         return self._relaxed
 
-    def _options(self, r_sync: int, r_mem: int, tails_only: bool = False) -> dict[BlockType, StageOptions]:
+    def _options(self, r_sync: int, r_mem: int, tails_only: bool = False) -> dict[BlockType, Options]:
+        """Every block type's options: of identical layers on the kind cells only (what the
+        batched sweeps read, `OptionCosting.kind_options`), others on every layer range."""
+        costing = self._costings()
+        return {bt: (c.kind_options if c.uniform else c.options)(r_sync, r_mem, tails_only)
+                for bt, c in costing.items()}
+
+    def _costings(self) -> dict[BlockType, OptionCosting]:
         if self._costing is None:  # per block type, what does not depend on the replica counts
             self._build_costing(None)
         assert self._costing is not None
-        return {bt: c.options(r_sync, r_mem, tails_only) for bt, c in self._costing.items()}
+        return self._costing
 
     def _build_costing(self, bases: dict | None) -> None:
         """Build the option costing of every block type, from `bases` (the `OptionCosting.basis`
@@ -224,7 +236,7 @@ class BlocksProvider(TailLevels, TailPlans):
                                            None if bases is None else bases[bt])
                          for bt, shp in self.shapes.items()}
 
-    def _tail_options(self, r_sync: int, r_mem: int) -> dict[BlockType, StageOptions]:
+    def _tail_options(self, r_sync: int, r_mem: int) -> dict[BlockType, Options]:
         """Stage tails costed for `r_sync` / `r_mem` replicas (`_options(tails_only=True)`); the
         last few classes' are kept, as a unit's solve, re-solves and refinement ask again."""
         key = (r_sync, r_mem)
@@ -234,15 +246,22 @@ class BlocksProvider(TailLevels, TailPlans):
             self._tails[key] = self._options(r_sync, r_mem, tails_only=True)
         return self._tails[key]
 
-    def _with_tails(self, r_mem: int, tails: dict[BlockType, StageOptions],
-                    bts: list[BlockType]) -> dict[BlockType, StageOptions]:
+    def _with_tails(self, r_mem: int, tails: dict[BlockType, Options],
+                    bts: list[BlockType]) -> dict[BlockType, Options]:
         """The options of `bts` as `_full_options(r_mem)` has them (F+B, memory), with the stage
         tails of `tails` (re-costed for some replica class)."""
         full = self._full_options(r_mem)
-        return {bt: StageOptions(full[bt].fb, tails[bt].tail, full[bt].mem_fixed, full[bt].act, full[bt].capacity)
-                for bt in bts}
+        out: dict[BlockType, Options] = {}
+        for bt in bts:
+            f, t = full[bt], tails[bt]
+            if isinstance(f, KindCellOptions):
+                out[bt] = KindCellOptions(f.fb, t.tail, f.mem_fixed, f.act, f.capacity, f.num_layers,
+                                          partial(_joined, f, t))
+            else:
+                out[bt] = StageOptions(f.fb, t.tail, f.mem_fixed, f.act, f.capacity)
+        return out
 
-    def _full_options(self, r_mem: int) -> dict[BlockType, StageOptions]:
+    def _full_options(self, r_mem: int) -> dict[BlockType, Options]:
         """Every stage option of every block type (sync for one replica, memory for `r_mem`),
         built once; not handed between processes (cheaper to rebuild than to pickle)."""
         if r_mem not in self._full:
@@ -276,7 +295,7 @@ class BlocksProvider(TailLevels, TailPlans):
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
         for bt in used:
             if bt not in self._uniform:
-                self._uniform[bt] = uniform_view(full[bt]) is not None
+                self._uniform[bt] = self._costings()[bt].uniform
         opts, _, keep = pruned_options(full, self.shapes, use_tail=False, uniform=self._uniform)
         budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
         views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in used}
@@ -294,7 +313,8 @@ class BlocksProvider(TailLevels, TailPlans):
             if self.deadline is not None and time.perf_counter() > self.deadline:
                 truncated = True
                 break
-            general.extend((sk, split) for split in split_frontier([opts[bt] for bt in sk], with_tail=False))
+            general.extend((sk, split) for split in split_frontier([full_options(opts[bt]) for bt in sk],
+                                                                   with_tail=False))
         full_index = {bt: np.asarray(keep[bt], dtype=np.int64) for bt in keep}
         return frontier_part(table, general, self._code, full_index, truncated, screens, budget.hit, with_stages)
 
@@ -348,7 +368,7 @@ class BlocksProvider(TailLevels, TailPlans):
             self._lb_meta = (skeletons, at, [usage[k] for k in of])
         return self._lb_meta
 
-    def _lb_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
+    def _lb_tails(self, tails: dict[BlockType, Options]) -> np.ndarray:
         """Per bound proto, the least possible largest stage tail of its skeleton over every
         memory-feasible split (fast for homogeneous ones; +inf where none fits). Memory feasibility
         comes from the bound protos' options (optimizer states sharded over the most replicas: the
@@ -360,7 +380,7 @@ class BlocksProvider(TailLevels, TailPlans):
         codes, row_of = self._lb_rows(keys)
         least = coded_min_max_tails([views[k] for k in keys], codes).tolist() if codes.live else []
         skeletons, of, _ = self._lb_index()
-        per_skeleton = [least[m] if m >= 0 else min_max_tail([opts[bt] for bt in sk])
+        per_skeleton = [least[m] if m >= 0 else min_max_tail([full_options(opts[bt]) for bt in sk])
                         for sk, m in zip(skeletons, row_of)]
         return np.array([INF if t is None else t for t in per_skeleton], dtype=float)[of]
 
@@ -376,7 +396,7 @@ class BlocksProvider(TailLevels, TailPlans):
             self._lb_row_cache = (keys, codes, [at.get(sk, -1) for sk in self._lb_index()[0]])
         return self._lb_row_cache[1], self._lb_row_cache[2]
 
-    def _lb_packed(self, tails: dict[BlockType, StageOptions]) -> PackedTemplates:
+    def _lb_packed(self, tails: dict[BlockType, Options]) -> PackedTemplates:
         """The bound protos with their skeleton's least tail (None-tailed ones dropped), pruned,
         as columns (equal to `PackedTemplates.of` of the templates: a unit's solve reads its bound
         templates as arrays and hands them to the parent so; building each as an object, then
@@ -435,7 +455,7 @@ class BlocksProvider(TailLevels, TailPlans):
     def plan_templates(self, replicas: int) -> list[Template]:
         """Every plan proto with its tail costed for `replicas` pipelines, pruned; stages are
         filled in only for the templates a plan uses (`resolved`)."""
-        e_plan = self._plan_tails(self._tail_options(replicas, replicas)).tolist()
+        e_plan = self._plan_tails(replicas, replicas).tolist()
         usage = self._plan_usage()
         a, c = self._columns("plan")
         keep = pareto_indices(usage, a, c, e_plan)
@@ -484,9 +504,35 @@ class BlocksProvider(TailLevels, TailPlans):
             self._stage_index = {self._block_types[k]: v for k, v in stage_rows(protos, self._plan_table).items()}
         return self._stage_index
 
-    def _plan_tails(self, tails: dict[BlockType, StageOptions]) -> np.ndarray:
-        """Largest stage tail of every plan proto (one gather per block type)."""
+    def _plan_tails(self, r_sync: int, r_mem: int) -> np.ndarray:
+        """Largest stage tail of every plan proto, costed for `r_sync` / `r_mem` replicas (one
+        gather per block type; of identical layers on the plan stages' own ranges only,
+        `OptionCosting.tails_at`)."""
         out = np.full(len(self.plan_protos), -np.inf)
+        costing = self._costings()
         for bt, idx in self._stage_rows().items():
-            np.maximum.at(out, idx[:, 0], tails[bt].tail[idx[:, 1], idx[:, 2], idx[:, 3]])
+            if costing[bt].uniform:
+                first, end, cell = self._stage_cells(bt)
+                tails = costing[bt].tails_at(r_sync, r_mem, ("plan", first.tobytes(), end.tobytes()), first, end)
+                np.maximum.at(out, idx[:, 0], tails[idx[:, 1], cell])
+            else:
+                tails = self._tail_options(r_sync, r_mem)[bt].tail
+                np.maximum.at(out, idx[:, 0], tails[idx[:, 1], idx[:, 2], idx[:, 3]])
         return out
+
+    def _stage_cells(self, bt: BlockType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The distinct layer ranges [first, end) of the plan protos' stages of `bt`, and each
+        stage's among them (computed once per frontier)."""
+        if bt not in self._cells_of:
+            idx = self._stage_rows()[bt]
+            size = self.model.num_layer_slots + 1
+            cells, cell = np.unique(idx[:, 2] * size + idx[:, 3], return_inverse=True)
+            self._cells_of[bt] = (cells // size, cells % size, cell.reshape(-1))
+        return self._cells_of[bt]
+
+
+def _joined(base: Options, tails: Options) -> StageOptions:
+    """Full options of `base`'s F+B and memory with `tails`'s tails (`BlocksProvider._with_tails`,
+    expanded for the general DP)."""
+    f, t = full_options(base), full_options(tails)
+    return StageOptions(f.fb, t.tail, f.mem_fixed, f.act, f.capacity)

@@ -20,7 +20,7 @@ from planner.specs.training import TrainingSpec
 from solvers.batched_runs import Row, batched_min_max_tails, row_skeleton
 from solvers.capped_points import batched_capped_points
 from solvers.partition import StageOptions, min_max_tail, tail_capped_frontier
-from solvers.uniform_layers import INF, uniform_view
+from solvers.uniform_layers import INF, KindCellOptions, full_options, uniform_view
 
 _LATE = object()  # a group whose tail-capped levels the deadline cut short
 TAIL_CACHE = 4  # replica classes whose stage tails (and tail-capped levels) a provider keeps
@@ -111,7 +111,8 @@ class TailLevels:
                 out.extend(Template(skeleton_usage(sk, n_cls), a, c, e, None, (), sk) for a, c in points)
         return out, covered
 
-    def _level_frontiers(self, with_tails: dict[BlockType, StageOptions], pruned: dict[BlockType, StageOptions],
+    def _level_frontiers(self, with_tails: dict[BlockType, StageOptions | KindCellOptions],
+                         pruned: dict[BlockType, StageOptions | KindCellOptions],
                          groups: list[tuple[BlockType, ...]], e_cap: float, ratio: float,
                          deadline: float | None = None) -> dict[tuple[BlockType, ...], object]:
         """Per group, (levels, least tail per skeleton, {(skeleton, level): [(A, C), ...]}, lowest
@@ -135,7 +136,7 @@ class TailLevels:
         for g in groups:
             general = g not in uniform
             if general:
-                least = {sk: min_max_tail([with_tails[bt] for bt in sk]) for sk in members.get(g, [])}
+                least = {sk: min_max_tail([full_options(with_tails[bt]) for bt in sk]) for sk in members.get(g, [])}
             else:
                 least = {sk: t for sk, t in least_all.items() if self.skeleton_group(sk) == g}
             if not any(t is not None for t in least.values()):
@@ -151,7 +152,7 @@ class TailLevels:
                     if deadline is not None and time.perf_counter() > deadline:
                         out[g] = _LATE
                         break
-                    positions = [opts[bt] for bt in sk]
+                    positions = [full_options(opts[bt]) for bt in sk]
                     for j, e in enumerate(levels):
                         points = [(sp.a_s, sp.c_s) for sp in tail_capped_frontier(positions, e)]
                         if points:
@@ -176,7 +177,7 @@ class TailLevels:
                 self._groups.setdefault(self.skeleton_group(sk), []).append(sk)
         return self._groups
 
-    def _least_tails(self, opts: dict[BlockType, StageOptions],
+    def _least_tails(self, opts: dict[BlockType, StageOptions | KindCellOptions],
                      groups: set[tuple[BlockType, ...]] | None = None) -> dict[tuple[BlockType, ...], float | None]:
         """Least possible largest stage tail of every uniform skeleton (of `groups`, default all):
         one batched sweep (`batched_min_max_tails`); other skeletons are filled in on demand by `_lb_tails`."""

@@ -101,10 +101,9 @@ class TailPlans:
         # are sharded over at least `replicas` pipelines: stages that fit only so (five single
         # RTX-4090 stages of Llama-2 7B beside a second pipeline) become plans
         r_mem = replicas if self.training.zero else 1
-        full = self._full_options(r_mem)
         groups = {row[0::2] for row in rows} & set(self.rows)
         for bt in {bt for g in groups for bt in g} - set(self._uniform):
-            self._uniform[bt] = uniform_view(full[bt]) is not None  # as the frontiers would find
+            self._uniform[bt] = self._costings()[bt].uniform  # as the frontiers would find
         groups = {g for g in groups if all(self._uniform[bt] for bt in g)}
         if not groups:
             return []
