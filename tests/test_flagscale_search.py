@@ -386,3 +386,23 @@ def test_without_a_cutoff_neighbouring_runs_are_swapped(tmp_path, monkeypatch: p
                                                                                               capacity))
     unswapped = best_flagscale_plan(model, cluster, training, cost, [1], grid=False)
     assert unswapped is not None and pred.step_s < unswapped[1].step_s * (1 - 0.05)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_widths_shared_across_replica_counts_only_without_zero(two_type, zero: int) -> None:
+    """`_widths` keeps one list per class and outer choice for every replica count where the bytes
+    per parameter do not depend on it (no ZeRO); with ZeRO each count gets its own. Either way
+    each count's widths equal those computed afresh."""
+    model, cluster, _ = _cases(two_type)[0]
+    training = TrainingSpec(global_batch=16, seq_len=2048, zero=zero)
+    cost = AnalyticCostModel()
+    rc = resource_classes(cluster)[0]
+    groups = [g for g in fg._groups(model, training, [rc], [1]) if g.cp == 1 and g.recompute == "none"]
+    assert len(groups) >= 2
+    memo: dict = {}
+    got = [fg._widths(cost, model, training, rc, g, cluster.single_node, memo) for g in groups]
+    assert all((got[0] is w) == (zero == 0) for w in got[1:])
+    for g, widths in zip(groups, got):
+        fresh = fg._widths(cost, model, training, rc, g, cluster.single_node)
+        assert [(w.width, w.shapes, w.dec_s, w.recv_s, w.kmax) for w in widths] == \
+            [(w.width, w.shapes, w.dec_s, w.recv_s, w.kmax) for w in fresh]

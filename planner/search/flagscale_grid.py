@@ -110,6 +110,10 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
             dec = float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1]))
             rows.append((shape, table, dec, st.recv_s(cost.knobs, rc.dev, table, single_node)))
         memo[key] = rows
+    # without ZeRO the bytes per parameter, and so every width, do not depend on the replica count
+    whole = ("widths", key) if training.zero == 0 else None
+    if whole in memo:
+        return memo[whole]
     by_width: dict[int, list[tuple[StageShape, float, float, int]]] = {}
     for shape, table, dec, recv in memo[key]:
         bpp = st.bytes_per_param(training.zero, st.weight_copies(g.replicas, shape.dp, shape.cp, 1))
@@ -123,6 +127,8 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
             continue
         out.append(MeshWidth(rc.index, width, tuple(r[0] for r in rows), min(r[1] for r in rows),
                               min(r[2] for r in rows), max(r[3] for r in rows)))
+    if whole is not None:
+        memo[whole] = out
     return out
 
 

@@ -80,8 +80,9 @@ def _shape_basis(cost: CostModel, rc: ResourceClass, shape: StageShape, ctx: Opt
     table = cost.layer_table(rc.dev, shard, ctx.model, ctx.training)
     sums = st.StageSums.of(table)
     recv = st.recv_s(cost.knobs, rc.dev, table, ctx.single_node)
-    per_layer = (table.fwd_s, table.bwd_s, table.params_per_gpu, table.act_bytes, table.work_bytes)
-    uniform = n >= 3 and all(bool(np.all(np.asarray(a)[1:n - 1] == np.asarray(a)[1])) for a in per_layer)
+    per_layer = np.array([table.fwd_s, table.bwd_s, table.params_per_gpu, table.act_bytes, table.work_bytes],
+                         dtype=float)
+    uniform = n >= 3 and bool(np.all(per_layer[:, 1:n - 1] == per_layer[:, 1:2]))
     return _ShapeBasis(sums.fwd_cum, sums.bwd_cum, sums.act_cum, np.ascontiguousarray(sums.params_cum, dtype=float),
                        np.ascontiguousarray(table.work_bytes, dtype=float), float(recv), uniform)
 
