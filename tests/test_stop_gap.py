@@ -113,36 +113,3 @@ def test_the_polish_after_refinement_runs_beside_it_and_keeps_the_answer(
     assert two.plan.to_json() == one.plan.to_json() and two.lower_bound_s == one.lower_bound_s
     assert two.counts() == one.counts() and two.gap <= 0.02
 
-
-def test_with_a_stop_gap_the_chains_look_only_past_it_and_the_grid_for_any_faster_plan(monkeypatch) -> None:
-    """`candidates.GAP_PRUNED_ENGINES`: with a stop gap the mesh-chain search's cutoff is the best
-    plan's step / (1 + gap), as units within the gap go unsolved; the Megatron grid's stays the
-    best plan's step (the answer is never slower than the best grid). Both start from the same
-    plan with and without the gap here, so the chains' first cutoff is 1 + gap times lower."""
-    from planner.search import candidates, parallel
-
-    seen: dict[str, list[float]] = {"chain": [], "megatron_grid": []}
-    search_step, last_step = candidates.ENGINE_STEPS["chain"]
-    grid = candidates.ENGINE_CANDIDATES["megatron_grid"]
-
-    def chain(ctx, sizes, cutoff_s, tail_share=0.0):
-        seen["chain"].append(cutoff_s)
-        return search_step(ctx, sizes, cutoff_s, tail_share)
-
-    def megatron(ctx, sizes, cutoff_s, tail_share=0.0):
-        seen["megatron_grid"].append(cutoff_s)
-        return grid(ctx, sizes, cutoff_s, tail_share)
-
-    monkeypatch.setitem(parallel.ENGINE_STEPS, "chain", (chain, last_step))
-    monkeypatch.setattr(candidates, "chain_search", chain)
-    monkeypatch.setitem(parallel.ENGINE_CANDIDATES, "megatron_grid", megatron)
-    firsts: dict[float, tuple[float, float]] = {}
-    for gap in (0.0, 0.05):
-        for got in seen.values():
-            got.clear()
-        result = search(get_model("opt-350m"), CLUSTER, TRAINING, cost=COST, stop_gap=gap or None, workers=1)
-        assert seen["chain"] and seen["megatron_grid"]
-        assert all(c >= result.prediction.step_s * (1 - 1e-12) for c in seen["megatron_grid"])
-        firsts[gap] = (seen["chain"][0], seen["megatron_grid"][0])
-    assert firsts[0.05][0] == pytest.approx(firsts[0.0][0] / 1.05, rel=1e-12)
-    assert firsts[0.05][1] == firsts[0.0][1]

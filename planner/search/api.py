@@ -329,7 +329,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, co
         rows = sum(len(p.skeletons) for p in providers if getattr(p, "needs_frontiers", False))  # a row each
         pilot = (lambda: early_grid(ctx, sizes)) if wants_early_grid(sum(avail), rows, time_limit) else None
         ctx = replace(ctx, early_grid=prefetch_frontiers(providers, workers, pilot))
-        with UnitPool(pending, ctx, solver, start, time_limit, workers, stop_gap) as pool:
+        with UnitPool(pending, ctx, solver, start, time_limit, workers) as pool:
             if wants_chains(chains, coverages, classes):
                 # the engine candidates run before refinement whatever the plans: started at the first
                 # plan, beside the units (32-GPU ladder rung with `stop_gap`: 0.99 -> 0.90 s)

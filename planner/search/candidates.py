@@ -179,8 +179,3 @@ ENGINE_STEPS = {"chain": (chain_search, resplit_chains)}
 # the best Megatron grid (on the 64, 1,024 and 16,384-GPU ladder pools with a 1 s limit the answer
 # had trailed it by 0.2-10.6, 4.5 and 6.7 %), for the grid's time under the best plan's cutoff
 FLOOR_ENGINES = ("megatron_grid",)
-# engine candidates that, with a stop gap, look only for plans faster than the best by more than it
-# (`parallel.UnitPool._cutoff`), as units whose cheap bound is within it go unsolved: the mesh
-# chains, whose plans lie outside the coverage and its bound. Not the Megatron grid: the answer is
-# never slower than the best grid, whatever the gap.
-GAP_PRUNED_ENGINES = ("chain",)

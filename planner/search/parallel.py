@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from planner.search.candidates import ENGINE_CANDIDATES, ENGINE_STEPS, GAP_PRUNED_ENGINES
+from planner.search.candidates import ENGINE_CANDIDATES, ENGINE_STEPS
 from planner.search.frontier_workers import can_fork
 from planner.search.lift import lift_unit
 from planner.search.templates import PackedTemplates, Template
@@ -188,11 +188,8 @@ class UnitPool:
     data. With one worker, without fork, or inside a daemon process, the same tasks run in turn."""
 
     def __init__(self, units: list[Unit], ctx: UnitContext, solver: str, start: float,
-                 time_limit: float | None, workers: int, stop_gap: float | None = None) -> None:
-        """`stop_gap`: the engine candidates of `candidates.GAP_PRUNED_ENGINES` then search only
-        for plans faster than the best by more than it (`_cutoff`)."""
+                 time_limit: float | None, workers: int) -> None:
         self.units, self.ctx, self.workers = units, ctx, workers
-        self.stop_gap = stop_gap
         self._search = _Search(units, ctx, solver, start, time_limit)
         self._index = {id(u): i for i, u in enumerate(units)}  # split parts map to their class's unit
         self._kept: list[Unit] = []
@@ -265,8 +262,7 @@ class UnitPool:
         if limit is not None and time.perf_counter() - self._search.start > limit:
             return
         top = min(self.ctx.candidates, key=lambda c: c.step_s)
-        tasks = [("search", name, sizes, self._cutoff(name, top.step_s), top.prediction.tail_s / top.step_s)
-                 for name in names]
+        tasks = [("search", name, sizes, top.step_s, top.prediction.tail_s / top.step_s) for name in names]
         started = self._in_turn(_finish_task, tasks) if self._pool is None else self._pool.map_async(
             _finish_task, tasks, chunksize=1)
         self._started = (names, started)
@@ -279,11 +275,10 @@ class UnitPool:
         have one (`candidates.ENGINE_STEPS`). With a function from those tasks' outs to the
         engines' (plan or None, seconds)."""
         if self._started is None or self._started[0] != tuple(engines):
-            return [("engine", name, sizes, self._cutoff(name, best), share) for name in engines], list
+            return [("engine", name, sizes, best, share) for name in engines], list
         (_, got), self._started = self._started, None
         searched = got if isinstance(got, list) else got.get()
-        tasks = [("last_step", name, out, self._cutoff(name, best)) for name, (out, _) in zip(engines, searched)
-                 if name in ENGINE_STEPS]
+        tasks = [("last_step", name, out, best) for name, (out, _) in zip(engines, searched) if name in ENGINE_STEPS]
 
         def outs_of(last: list) -> list:
             steps, outs = iter(last), []
@@ -294,14 +289,6 @@ class UnitPool:
                 outs.append((out, spent))
             return outs
         return tasks, outs_of
-
-    def _cutoff(self, engine: str, best: float) -> float:
-        """The step engine candidate `engine` must beat: the best plan's, or with a stop gap, for the
-        engines that prune by it (`candidates.GAP_PRUNED_ENGINES`), that step / (1 + stop gap), as
-        units whose cheap bound is within the gap go unsolved (`unit_loop.best_first`)."""
-        if self.stop_gap is None or engine not in GAP_PRUNED_ENGINES:
-            return best
-        return best / (1 + self.stop_gap)
 
     def solve(self, batch: list[Unit], prune: float = 1e-3) -> bool:
         """Solve a batch of units against the best plan known now (a unit whose bound is within
