@@ -77,9 +77,9 @@ def main() -> None:
     providers: list = []
     prefetch = api.prefetch_frontiers
 
-    def keep(found: list, workers: int) -> None:
+    def keep(found: list, workers: int, *more: object) -> object:
         providers.extend(found)
-        prefetch(found, workers)
+        return prefetch(found, workers, *more)
 
     api.prefetch_frontiers = keep  # the search's own providers, as it built them
     model = get_model(args.model)
