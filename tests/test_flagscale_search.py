@@ -344,6 +344,31 @@ def test_fluid_bounds_stay_below_the_integral_bound() -> None:
     assert total > 300 and raised > total / 2, (total, raised)
 
 
+def test_the_group_bound_stays_below_every_combinations_fluid_bound() -> None:
+    """`group_fluid_bound` (one number per group, from each class's fastest choice) is at most
+    `fluid_bounds` of every combination, and reaches their least on some groups (one class
+    whose fastest choice alone holds the layers), so a group it prunes has no combination the
+    queue would keep."""
+    rng = np.random.default_rng(11)
+    tight = 0
+    for _ in range(200):
+        n_dec = int(rng.integers(2, 40))
+        choices = []
+        for cls in range(int(rng.integers(1, 4))):
+            row: list = [(None, 0)]
+            for _ in range(int(rng.integers(1, 4))):
+                w = cb.MeshWidth(cls, 1, (), float(rng.uniform(0.2, 3)), float(rng.choice([0.0, rng.uniform(0, 0.3)])),
+                                 int(rng.integers(1, n_dec + 1)))
+                row.append((w, int(rng.integers(1, 6))))
+            choices.append(row)
+        m = int(rng.integers(1, 65))
+        group = cb.group_fluid_bound(choices, n_dec, m, 0.25)
+        bounds = cb.fluid_bounds(choices, n_dec, m, 0.25)
+        assert group <= bounds.min(), (group, bounds.min())
+        tight += group >= bounds.min() * (1 - 0.05)
+    assert tight > 0
+
+
 def test_a_looser_queue_bound_finds_the_same_chains(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chain queue refines its entries in the order of `fluid_bounds`; any valid bound below
     the integral one pops the same entries in the same order, so halving every fluid bound (many

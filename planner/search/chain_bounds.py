@@ -80,6 +80,21 @@ def fluid_bounds(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: int, 
         return np.where(ok, (np.maximum(floor_a, c) + (m - 1) * c + overhead_s) * (1 - 1e-9), math.inf)
 
 
+def group_fluid_bound(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: int, m: int,
+                      overhead_s: float) -> float:
+    """A bound at most `fluid_bounds` of every combination of `choices`, from one number: a
+    combination's C is at least its fluid C, the layers over its speed sum(p / d), which is at
+    most the sum over classes of each class's fastest choice; its step at least m·C plus the
+    overhead (scaled as `fluid_bounds` scales). The chain queue drops a group whose bound reaches
+    the cutoff without bounding its combinations one by one (on the 64-GPU ladder pool most of
+    its groups; `fluid_bounds` over all of them had been a fifth of the chains' search)."""
+    speed = sum(max((p / w.dec_s for w, p in row if w is not None and p > 0), default=0.0) for row in choices)
+    if speed <= 0:
+        return math.inf
+    fluid_c = n_dec / (1 + 1e-12) / speed * (1 - 1e-9)
+    return (m * fluid_c + overhead_s) * (1 - 1e-9) * (1 - 1e-12)
+
+
 def integral_bound(meshes: list[tuple[MeshWidth, int]], n_dec: int, m: int, overhead_s: float) -> float:
     """Lower bound with whole decoder layers per stage, per-stage memory caps and receives.
 

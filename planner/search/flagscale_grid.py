@@ -44,6 +44,7 @@ from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
 from planner.search.chain_bounds import (
     MeshWidth,
     fluid_bounds,
+    group_fluid_bound,
     integral_bound,
     least_largest_tail,
     tail_levels_bound,
@@ -293,6 +294,8 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         choices, thinned = _choices(widths, classes, g, n_dec)
         inexact |= thinned
         grids.append((choices, tuple(len(c) for c in choices)))
+        if group_fluid_bound(choices, n_dec, g.microbatches, overhead) >= cutoff_s:
+            continue  # every combination's bound is at least this: none would be kept
         lb = fluid_bounds(choices, n_dec, g.microbatches, overhead).ravel()
         # a combination bounded at the cutoff or above is never taken (the queue stops before
         # it): left out before sorting (64-GPU ladder pool: 1,331 of 1.15 million left)
