@@ -80,13 +80,19 @@ def run_skeleton_counts(types: list[BlockType], avail: tuple[int, ...], max_len:
     types, the run lengths k_i <= avail // gpus, whose generating polynomial (a product of
     truncated geometric series) gives the count of each total length; summed up to each cap.
     One pass instead of one per length (`units.mixed_lengths` asks for many: about a fifth
-    of a 1,024-GPU search's setup)."""
+    of a 1,024-GPU search's setup); microbatch sizes with the same block types share it."""
+    return list(_run_skeleton_counts(tuple(types), tuple(avail), max_len, runs))
+
+
+@functools.lru_cache(maxsize=64)
+def _run_skeleton_counts(types: tuple[BlockType, ...], avail: tuple[int, ...], max_len: int,
+                         runs: int) -> tuple[int, ...]:
     caps = Counter(tuple(sorted(avail[bt.cls] // bt.gpus for bt in seq))
                    for seq in itertools.permutations(types, runs) if len({bt.cls for bt in seq}) == runs)
     total = np.zeros(max_len + 1, dtype=np.int64)
     for key, times in caps.items():
         total += times * _length_counts(key, max_len)
-    return np.cumsum(total).tolist()
+    return tuple(np.cumsum(total).tolist())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -128,8 +134,15 @@ def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
                     mixed_lens: dict[int, int] | None = None) -> list[tuple[BlockType, ...]]:
     """Sequences of at most `max_blocks` runs, each run `count` copies of one block type, the runs
     on pairwise different GPU classes; skeletons of r >= 2 runs have at most `mixed_lens[r]`
-    stages (default `max_len`)."""
-    lens = mixed_lens or {}
+    stages (default `max_len`). Microbatch sizes with the same block types share one listing
+    (`_skeletons`, computed once)."""
+    return list(_skeletons(tuple(types), tuple(avail), max_len, max_blocks, tuple(sorted((mixed_lens or {}).items()))))
+
+
+@functools.lru_cache(maxsize=16)
+def _skeletons(types: tuple[BlockType, ...], avail: tuple[int, ...], max_len: int, max_blocks: int,
+               mixed_lens: tuple[tuple[int, int], ...]) -> tuple[tuple[BlockType, ...], ...]:
+    lens = dict(mixed_lens)
     out: list[tuple[BlockType, ...]] = []
 
     def walk(prefix: list[BlockType], used: list[int], blocks: int) -> None:
@@ -151,7 +164,7 @@ def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
 
     walk([], [0] * len(avail), 0)
     # fewest runs first, shortest first: a deadline keeps the most useful ones
-    return sorted(out, key=lambda sk: (len({bt for bt in sk}), len(sk), sk))
+    return tuple(sorted(out, key=lambda sk: (len({bt for bt in sk}), len(sk), sk)))
 
 
 def _memory_binds(positions: list[StageOptions]) -> bool:
