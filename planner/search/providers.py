@@ -13,6 +13,7 @@ whose assignment optimum is a lower bound for every plan of the covered space.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -46,15 +47,27 @@ class ProviderStats:
     pruned: int = 0
 
 
-def skeleton_rows(skeletons: list[tuple[BlockType, ...]]) -> dict[tuple[BlockType, ...], list[Row]]:
+def skeleton_rows(skeletons: Sequence[tuple[BlockType, ...]]) -> dict[tuple[BlockType, ...], list[Row]]:
     """Per group (a skeleton's run types in order, `TailLevels.skeleton_group`), the rows (runs
     as (type, count) pairs, `batched_runs.skeleton_row`) of its skeletons, sorted by counts;
-    groups in first-seen order (homogeneous ones first, as `block_skeletons` lists them)."""
+    groups in first-seen order (homogeneous ones first, as `block_skeletons` lists them). One
+    listing shared by several microbatch sizes (`templates.block_skeletons`) is grouped once."""
+    kept = _ROWS_OF.get(id(skeletons))
+    if kept is not None and kept[0] is skeletons:
+        return kept[1]
     out: dict[tuple[BlockType, ...], set[Row]] = {}
     for sk in skeletons:
         row = skeleton_row(sk)
         out.setdefault(row[0::2], set()).add(row)
-    return {g: sorted(rows, key=lambda r: r[1::2]) for g, rows in out.items()}
+    rows = {g: sorted(rows, key=lambda r: r[1::2]) for g, rows in out.items()}
+    if isinstance(skeletons, tuple):  # immutable: its grouping holds as long as it lives (kept here)
+        if len(_ROWS_OF) >= 8:
+            _ROWS_OF.pop(next(iter(_ROWS_OF)))
+        _ROWS_OF[id(skeletons)] = (skeletons, rows)
+    return rows
+
+
+_ROWS_OF: dict[int, tuple[tuple, dict]] = {}  # `skeleton_rows` of the last few skeleton tuples, by identity
 
 
 def coverage_name(max_blocks: int, mixed_lens: dict[int, int], num_slots: int) -> str:

@@ -131,12 +131,12 @@ def exact_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int
 
 
 def block_skeletons(types: list[BlockType], avail: tuple[int, ...], max_len: int, max_blocks: int,
-                    mixed_lens: dict[int, int] | None = None) -> list[tuple[BlockType, ...]]:
+                    mixed_lens: dict[int, int] | None = None) -> tuple[tuple[BlockType, ...], ...]:
     """Sequences of at most `max_blocks` runs, each run `count` copies of one block type, the runs
     on pairwise different GPU classes; skeletons of r >= 2 runs have at most `mixed_lens[r]`
     stages (default `max_len`). Microbatch sizes with the same block types share one listing
-    (`_skeletons`, computed once)."""
-    return list(_skeletons(tuple(types), tuple(avail), max_len, max_blocks, tuple(sorted((mixed_lens or {}).items()))))
+    (`_skeletons`, computed once; read-only, a tuple)."""
+    return _skeletons(tuple(types), tuple(avail), max_len, max_blocks, tuple(sorted((mixed_lens or {}).items())))
 
 
 @functools.lru_cache(maxsize=16)
