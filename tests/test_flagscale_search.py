@@ -313,6 +313,21 @@ def test_chain_queue_bounds_equal_their_definitions() -> None:
         assert cb.least_largest_tail(tails) == want
 
 
+def _random_choices(rng: np.random.Generator) -> tuple[int, list, int]:
+    """Random decoder count, per-class mesh choices (`flagscale_grid._choices`' shape) and
+    microbatches per pipeline."""
+    n_dec = int(rng.integers(2, 40))
+    choices = []
+    for cls in range(int(rng.integers(1, 4))):
+        row: list = [(None, 0)]
+        for _ in range(int(rng.integers(1, 4))):
+            w = cb.MeshWidth(cls, 1, (), float(rng.choice([0.5, 1.0, rng.uniform(0.2, 3)])),
+                             float(rng.choice([0.0, 0.05, rng.uniform(0, 0.3)])), int(rng.integers(1, n_dec + 1)))
+            row.append((w, int(rng.integers(1, 6))))
+        choices.append(row)
+    return n_dec, choices, int(rng.integers(1, 65))
+
+
 def test_fluid_bounds_stay_below_the_integral_bound() -> None:
     """`fluid_bounds` (every run combination at once) never exceeds `integral_bound` of the
     combination, whose entry it orders in the chain queue, and counts the receives: with them
@@ -320,16 +335,7 @@ def test_fluid_bounds_stay_below_the_integral_bound() -> None:
     rng = np.random.default_rng(7)
     raised = total = 0
     for _ in range(60):
-        n_dec = int(rng.integers(2, 40))
-        choices = []
-        for cls in range(int(rng.integers(1, 4))):
-            row: list = [(None, 0)]
-            for _ in range(int(rng.integers(1, 4))):
-                w = cb.MeshWidth(cls, 1, (), float(rng.choice([0.5, 1.0, rng.uniform(0.2, 3)])),
-                                 float(rng.choice([0.0, 0.05, rng.uniform(0, 0.3)])), int(rng.integers(1, n_dec + 1)))
-                row.append((w, int(rng.integers(1, 6))))
-            choices.append(row)
-        m = int(rng.integers(1, 65))
+        n_dec, choices, m = _random_choices(rng)
         bounds = cb.fluid_bounds(choices, n_dec, m, 0.25)
         deaf = cb.fluid_bounds([[(w and cb.MeshWidth(w.cls, 1, (), w.dec_s, 0.0, w.kmax), p) for w, p in row]
                                 for row in choices], n_dec, m, 0.25)
@@ -352,16 +358,7 @@ def test_the_group_bound_stays_below_every_combinations_fluid_bound() -> None:
     rng = np.random.default_rng(11)
     tight = 0
     for _ in range(200):
-        n_dec = int(rng.integers(2, 40))
-        choices = []
-        for cls in range(int(rng.integers(1, 4))):
-            row: list = [(None, 0)]
-            for _ in range(int(rng.integers(1, 4))):
-                w = cb.MeshWidth(cls, 1, (), float(rng.uniform(0.2, 3)), float(rng.choice([0.0, rng.uniform(0, 0.3)])),
-                                 int(rng.integers(1, n_dec + 1)))
-                row.append((w, int(rng.integers(1, 6))))
-            choices.append(row)
-        m = int(rng.integers(1, 65))
+        n_dec, choices, m = _random_choices(rng)
         group = cb.group_fluid_bound(choices, n_dec, m, 0.25)
         bounds = cb.fluid_bounds(choices, n_dec, m, 0.25)
         assert group <= bounds.min(), (group, bounds.min())

@@ -15,17 +15,17 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 
 import numpy as np
 
 from planner.costmodel.base import CostModel
 from planner.search.bounds import fluid_work, weighted_work_bound_s
-from planner.search.options import OptionContext, OptionCosting, pruned_options, shared_bases
+from planner.search.options import OptionCosting, pruned_options, shared_bases
+from planner.search.provider_options import Options, ProviderOptions
 from planner.search.protos import (FrontierPart, Proto, StageTable, assemble, frontier_part, screens_of, stage_rows,
                                    stages_of)
 from planner.search.space import BlockType, ResourceClass, StageShape, skeleton_usage
-from planner.search.tail_levels import TAIL_CACHE, TailLevels
+from planner.search.tail_levels import TailLevels
 from planner.search.tail_plans import TailPlans
 from planner.search.templates import (PackedTemplates, Template, TemplateStage, block_skeletons, pareto_indices,
                                       pareto_keep, prune_templates, skeleton_group)
@@ -35,11 +35,8 @@ from solvers.batched_runs import (Row, RowCodes, batched_least_bottlenecks, code
                                   skeleton_row)
 from solvers.frontier_table import batched_frontier_table
 from solvers.horizon import Horizon
-from solvers.partition import Split, StageOptions, min_max_tail, split_frontier
-from solvers.uniform_layers import INF, Budget, KindCellOptions, full_options, least_a, uniform_view, with_tail
-
-Options = StageOptions | KindCellOptions  # of identical layers: on the kind cells only
-
+from solvers.partition import Split, min_max_tail, split_frontier
+from solvers.uniform_layers import INF, Budget, full_options, least_a, uniform_view
 
 @dataclass
 class ProviderStats:
@@ -78,7 +75,7 @@ def coverage_name(max_blocks: int, mixed_lens: dict[int, int], num_slots: int) -
     return f"blocks<={max_blocks}"
 
 
-class BlocksProvider(TailLevels, TailPlans):
+class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
     def __init__(self, cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
                  shapes: dict[BlockType, list[StageShape]], avail: tuple[int, ...], micro_batch: int,
                  single_node: bool, max_blocks: int = 3, deadline: float | None = None,
@@ -228,59 +225,6 @@ class BlocksProvider(TailLevels, TailPlans):
         self._relaxed = prune_templates(out)
         return self._relaxed
 
-    def _options(self, r_sync: int, r_mem: int, tails_only: bool = False) -> dict[BlockType, Options]:
-        """Every block type's options: of identical layers on the kind cells only (what the
-        batched sweeps read, `OptionCosting.kind_options`), others on every layer range."""
-        costing = self._costings()
-        return {bt: (c.kind_options if c.uniform else c.options)(r_sync, r_mem, tails_only)
-                for bt, c in costing.items()}
-
-    def _costings(self) -> dict[BlockType, OptionCosting]:
-        if self._costing is None:  # per block type, what does not depend on the replica counts
-            self._build_costing(None)
-        assert self._costing is not None
-        return self._costing
-
-    def _build_costing(self, bases: dict | None) -> None:
-        """Build the option costing of every block type, from `bases` (the `OptionCosting.basis`
-        lists a frontier worker computed, by block type) where given."""
-        ctx = OptionContext(self.model, self.training, self.micro_batch, 1, 1, self.single_node)
-        self._costing = {bt: OptionCosting(self.cost, self.classes[bt.cls], shp, ctx,
-                                           None if bases is None else bases[bt])
-                         for bt, shp in self.shapes.items()}
-
-    def _tail_options(self, r_sync: int, r_mem: int) -> dict[BlockType, Options]:
-        """Stage tails costed for `r_sync` / `r_mem` replicas (`_options(tails_only=True)`); the
-        last few classes' are kept, as a unit's solve, re-solves and refinement ask again."""
-        key = (r_sync, r_mem)
-        if key not in self._tails:
-            if len(self._tails) >= TAIL_CACHE:
-                self._tails.pop(next(iter(self._tails)))
-            self._tails[key] = self._options(r_sync, r_mem, tails_only=True)
-        return self._tails[key]
-
-    def _with_tails(self, r_mem: int, tails: dict[BlockType, Options],
-                    bts: list[BlockType]) -> dict[BlockType, Options]:
-        """The options of `bts` as `_full_options(r_mem)` has them (F+B, memory), with the stage
-        tails of `tails` (re-costed for some replica class)."""
-        full = self._full_options(r_mem)
-        out: dict[BlockType, Options] = {}
-        for bt in bts:
-            f, t = full[bt], tails[bt]
-            if isinstance(f, KindCellOptions):
-                out[bt] = KindCellOptions(f.fb, t.tail, f.mem_fixed, f.act, f.capacity, f.num_layers,
-                                          partial(_joined, f, t))
-            else:
-                out[bt] = StageOptions(f.fb, t.tail, f.mem_fixed, f.act, f.capacity)
-        return out
-
-    def _full_options(self, r_mem: int) -> dict[BlockType, Options]:
-        """Every stage option of every block type (sync for one replica, memory for `r_mem`),
-        built once; not handed between processes (cheaper to rebuild than to pickle)."""
-        if r_mem not in self._full:
-            self._full[r_mem] = self._options(1, r_mem)
-        return self._full[r_mem]
-
     def _assemble(self, parts: list[FrontierPart]) -> tuple[list[Proto], StageTable | None]:
         """Protos of every part (`_proto_rows`) in one fixed order (homogeneous rows, two-run
         rows, then the general-DP skeletons), whatever the parts were, and their stages."""
@@ -352,14 +296,6 @@ class BlocksProvider(TailLevels, TailPlans):
         self._a_max = a_max
         if self._horizon_at is not None:
             self._horizon_at = replace(self._horizon_at, a_max=a_max)
-
-    def _tail_view(self, bt: BlockType, tail: np.ndarray):
-        """The uniform view of `bt` (memory as for the bound protos) with these tails, or None."""
-        if not self._uniform.get(bt):
-            return None
-        if bt not in self._base_views:
-            self._base_views[bt] = uniform_view(self._full_options(self._r_lb)[bt], trusted=True)
-        return with_tail(self._base_views[bt], tail)
 
     def _lb_index(self) -> tuple[list[tuple[BlockType, ...]], np.ndarray, list[tuple[int, ...]]]:
         """The bound protos' distinct skeletons, each proto's skeleton index and GPU usage (computed
@@ -543,9 +479,3 @@ class BlocksProvider(TailLevels, TailPlans):
             self._cells_of[bt] = (cells // size, cells % size, cell.reshape(-1))
         return self._cells_of[bt]
 
-
-def _joined(base: Options, tails: Options) -> StageOptions:
-    """Full options of `base`'s F+B and memory with `tails`'s tails (`BlocksProvider._with_tails`,
-    expanded for the general DP)."""
-    f, t = full_options(base), full_options(tails)
-    return StageOptions(f.fb, t.tail, f.mem_fixed, f.act, f.capacity)
