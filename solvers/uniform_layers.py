@@ -118,10 +118,17 @@ class KindCellOptions:
     capacity: float
     num_layers: int
     expand: Callable[[], StageOptions] = field(repr=False)
+    _expanded: list = field(default_factory=list, repr=False)  # `expanded`'s, once computed
+
+    def expanded(self) -> StageOptions:
+        """`expand()`, computed once (the general DP asks once per skeleton holding this type)."""
+        if not self._expanded:
+            self._expanded.append(self.expand())
+        return self._expanded[0]
 
     def subset(self, keep: list[int]) -> KindCellOptions:
         return KindCellOptions(self.fb[keep], self.tail[keep], self.mem_fixed[keep], self.act[keep], self.capacity,
-                               self.num_layers, functools.partial(_expanded_subset, self.expand, keep))
+                               self.num_layers, functools.partial(_expanded_subset, self.expanded, keep))
 
 
 def _expanded_subset(expand: Callable[[], StageOptions], keep: list[int]) -> StageOptions:
@@ -131,7 +138,7 @@ def _expanded_subset(expand: Callable[[], StageOptions], keep: list[int]) -> Sta
 
 def full_options(opts: StageOptions | KindCellOptions) -> StageOptions:
     """Options on every layer range: `opts` itself, or a `KindCellOptions`'s expanded."""
-    return opts.expand() if isinstance(opts, KindCellOptions) else opts
+    return opts.expanded() if isinstance(opts, KindCellOptions) else opts
 
 
 def _kind_cell_columns(a: np.ndarray, mid_ok: np.ndarray, n: int) -> tuple[np.ndarray, ...]:

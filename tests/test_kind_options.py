@@ -130,3 +130,44 @@ def test_a_search_over_position_dependent_layers_takes_the_general_dp() -> None:
     assert evaluate(got.plan, cluster, slow).step_s == pytest.approx(got.prediction.step_s, rel=1e-9)
     assert got.lower_bound_s <= got.prediction.step_s
     assert got.prediction.step_s > plain.prediction.step_s
+
+
+class _SlowFifthOnV100(AnalyticCostModel):
+    """Position-dependent layers on the V100s only: skeletons mixing them with A100 runs take the
+    general DP with the A100's kind options expanded."""
+
+    def layer_table(self, dev, shard, model, training):
+        table = super().layer_table(dev, shard, model, training)
+        if "V100" not in dev.gpu.name:
+            return table
+        fwd = table.fwd_s.copy()
+        fwd[5] *= 1.25
+        return type(table)(fwd, table.bwd_s, table.params_per_gpu, table.act_bytes, table.work_bytes, table.measured,
+                           table.boundary_bytes)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_mixing_identical_and_position_dependent_layers_matches_the_general_dp_everywhere(monkeypatch, zero) -> None:
+    """One GPU type's layers position-dependent, the other's identical: the search (kind options
+    for the identical ones, expanded where a skeleton mixes them with the other) finds the plan and
+    bound of the same search with every type costed on every range and split by the general DP."""
+    import dataclasses
+
+    from planner.search import options, search
+
+    model = get_model("llama2-7b")
+    cluster = ClusterSpec(nodes=[NodeGroup(gpu="A100-SXM4-80GB", nodes=1, gpus_per_node=4),
+                                 NodeGroup(gpu="V100-SXM2-32GB", nodes=1, gpus_per_node=4)])
+    training = TrainingSpec(global_batch=32 * (1 + zero), seq_len=model.seq_len, zero=zero)
+    cost = _SlowFifthOnV100()
+    classes = resource_classes(cluster)
+    flags = {rc.dev.gpu.name: OptionCosting(cost, rc, costable_shapes(cost, model, training, rc, 1, False),
+                                            OptionContext(model, training, 1, 1, 1, False)).uniform for rc in classes}
+    assert flags == {"A100-SXM4-80GB": True, "V100-SXM2-32GB": False}
+    got = search(model, cluster, training, cost=cost, workers=1)
+    shape_basis = options._shape_basis
+    monkeypatch.setattr(options, "_shape_basis", lambda *a: dataclasses.replace(shape_basis(*a), uniform=False))
+    general = search(model, cluster, training, cost=cost, workers=1)
+    assert got.coverage == general.coverage
+    assert got.prediction.step_s == pytest.approx(general.prediction.step_s, rel=1e-9)
+    assert got.lower_bound_s == pytest.approx(general.lower_bound_s, rel=1e-9)

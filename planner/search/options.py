@@ -292,8 +292,11 @@ class OptionCosting:
             b = (s.bwd_cum[:, end] - s.bwd_cum[:, first]) + recv * (end < n)
             params, inverse, work = (_per_shape([x[at] for x in xs], of, len(at)) for xs, of in (
                 ([p[0] for p in s.params], s.params_of), ([p[2] for p in s.params], s.params_of), (s.work, s.work_of)))
-            self._values[key] = _CellValues(f + b, self.cost.knobs.dp_overlap * b,
-                                            s.act_cum[:, end] - s.act_cum[:, first], params, inverse, work)
+            values = _CellValues(f + b, self.cost.knobs.dp_overlap * b, s.act_cum[:, end] - s.act_cum[:, first],
+                                 params, inverse, work)
+            for a in (values.fb, values.hidden, values.act, values.params, values.inverse, values.work):
+                a.flags.writeable = False  # shared: `kind_options` hands out its F+B and activations
+            self._values[key] = values
         return self._values[key]
 
     def _spread(self, cells: np.ndarray) -> np.ndarray:
