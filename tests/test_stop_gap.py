@@ -112,4 +112,3 @@ def test_the_polish_after_refinement_runs_beside_it_and_keeps_the_answer(
     one = search(model, ladder_cluster(64), training, cost=COST, workers=1, stop_gap=0.02)
     assert two.plan.to_json() == one.plan.to_json() and two.lower_bound_s == one.lower_bound_s
     assert two.counts() == one.counts() and two.gap <= 0.02
-
