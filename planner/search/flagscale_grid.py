@@ -113,7 +113,7 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
         memo[key] = rows
     # without ZeRO the bytes per parameter, and so every width, do not depend on the replica count
     whole = ("widths", key) if training.zero == 0 else None
-    if whole in memo:
+    if whole is not None and whole in memo:
         return memo[whole]
     by_width: dict[int, list[tuple[StageShape, float, float, int]]] = {}
     for shape, table, dec, recv in memo[key]:
