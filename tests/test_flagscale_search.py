@@ -381,8 +381,76 @@ def test_a_looser_queue_bound_finds_the_same_chains(monkeypatch: pytest.MonkeyPa
         return [(item[0].model_dump_json(), item[1].step_s) if item else None for item in found]
 
     tight = chains()
-    monkeypatch.setattr(fg, "fluid_bounds", lambda *args: cb.fluid_bounds(*args) * 0.5)
+
+    def halved(*args: object) -> tuple[np.ndarray, np.ndarray]:
+        keep, lb = cb.fluid_bounds_below(*args)
+        return keep, lb * 0.5
+    monkeypatch.setattr(fg, "fluid_bounds_below", halved)
     assert chains() == tight and len(tight) > 1
+
+
+def test_the_bounds_below_a_cutoff_are_the_fluid_bounds_below_it() -> None:
+    """`fluid_bounds_below` (the speed summed over every combination, the rest only where it
+    leaves room under the cutoff) gives exactly the combinations, in flat order, and the bounds of
+    `fluid_bounds` that are finite and below the cutoff, at cutoffs through the bounds' range."""
+    rng = np.random.default_rng(13)
+    screened = 0
+    for _ in range(150):
+        n_dec, choices, m = _random_choices(rng)
+        full = cb.fluid_bounds(choices, n_dec, m, 0.25).ravel()
+        finite = np.sort(full[np.isfinite(full)])
+        cuts = [math.inf] + ([float(finite[0]), float(np.median(finite)), float(finite[-1]) * 1.01] if len(finite) else [])
+        for cut in cuts:
+            keep, lb = cb.fluid_bounds_below(choices, n_dec, m, 0.25, cut)
+            want = np.flatnonzero(np.isfinite(full) & (full < cut))
+            assert keep.tolist() == want.tolist() and lb.tolist() == full[want].tolist()
+            screened += len(keep) < np.isfinite(full).sum()
+    assert screened > 50
+
+
+def test_the_speed_ceiling_drops_only_groups_the_group_bound_drops() -> None:
+    """The memory-free speed of a group (`_speed_ceiling`, before any width's memory limit is
+    computed) is at least the speed of its choices, so its bound (`speed_bound`) is at most
+    `group_fluid_bound` on every group of two pools, and equal where no width is ruled out by
+    memory; and the chains found with a cutoff are the same as with the ceiling never dropping a
+    group."""
+    cost = AnalyticCostModel()
+    training = TrainingSpec(global_batch=64, seq_len=4096)
+    model = get_model("llama2-13b")
+    equal = 0
+    for cluster in (load_cluster(EXAMPLES / "mixed.yaml"), load_cluster(EXAMPLES / "paper_mix.yaml")):
+        classes = resource_classes(cluster)
+        memo: dict = {}
+        for g in fg._groups(model, training, classes, [1, 2, 4]):
+            widths = [fg._widths(cost, model, training, rc, g, cluster.single_node, memo) for rc in classes]
+            choices, _ = fg._choices(widths, classes, g, model.num_layers)
+            ceiling = fg._speed_ceiling(cost, model, training, classes, g, cluster.single_node, memo)
+            loose = cb.speed_bound(ceiling, model.num_layers, g.microbatches, 0.1)
+            group = cb.group_fluid_bound(choices, model.num_layers, g.microbatches, 0.1)
+            assert loose <= group
+            equal += loose == group
+    assert equal > 0
+
+    cluster = load_cluster(EXAMPLES / "mixed.yaml")
+    first, _ = fg.flagscale_plans(model, cluster, training, cost, [1, 2, 4], max_dp=16)
+    cutoff = first[0][1].step_s * 1.02
+
+    def chains() -> list:
+        found, _ = fg.flagscale_plans(model, cluster, training, cost, [1, 2, 4], cutoff_s=cutoff, max_dp=24)
+        return [(item[0].model_dump_json(), item[1].step_s) if item else None for item in found]
+    real, dropped = fg._speed_ceiling, []
+
+    def counted(*args: object) -> float:
+        speed = real(*args)
+        g = args[4]
+        dropped.append(cb.speed_bound(speed, model.num_layers, g.microbatches, cost.knobs.step_overhead_s) >= cutoff)
+        return speed
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fg, "_speed_ceiling", counted)
+        pruned = chains()
+        assert any(dropped) and len(pruned) > 1
+        mp.setattr(fg, "_speed_ceiling", lambda *args: math.inf)  # never drops a group
+        assert chains() == pruned
 
 
 # Llama-2 70B at 64k tokens on six GPU types (`many_types.py --seed 22` pool 24): no pipeline of

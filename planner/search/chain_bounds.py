@@ -51,26 +51,73 @@ def fluid_bounds(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: int, 
     of seven types: 218,522 calls of `integral_bound` with the bound without receives)."""
     k = len(choices)
     shape = tuple(len(c) for c in choices)
+
+    def spread(ci: int, values: np.ndarray) -> np.ndarray:  # class ci's values along its own axis
+        view = [1] * k
+        view[ci] = -1
+        return values.reshape(view)
+    return _fluid([_class_columns(row) for row in choices], spread, shape, n_dec, m, overhead_s)
+
+
+def fluid_bounds_below(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: int, m: int,
+                       overhead_s: float, cutoff_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """The run combinations whose `fluid_bounds` is finite and below `cutoff_s` (flat indices into
+    its array, ascending) and those bounds, the same numbers. A combination's bound is at least m
+    times its fluid C, which is at least its layers over its speed sum(p / d): only the speed is
+    summed over every combination, the rest only where that leaves the bound below the cutoff (on
+    the 64-GPU ladder pool, against its first plan, 10 % of the combinations of the groups bounded,
+    whose `fluid_bounds` over all of them had been a fifth of the chains' search)."""
+    if not math.isfinite(cutoff_s):
+        lb = fluid_bounds(choices, n_dec, m, overhead_s).ravel()
+        keep = np.flatnonzero(np.isfinite(lb) & (lb < cutoff_s))
+        return keep, lb[keep]
+    cols = [_class_columns(row) for row in choices]
+    shape = tuple(len(c) for c in choices)
+    speed = np.zeros(shape)
+    for ci, col in enumerate(cols):
+        view = [1] * len(cols)
+        view[ci] = -1
+        np.add(speed, col[0].reshape(view), out=speed)
+    with np.errstate(divide="ignore"):
+        # `_fluid`'s bound with C at the fluid one without receives and A at C, less 1e-12 for
+        # the order of its rounding; inf where the speed is 0
+        floor = (m * (n_dec / (1 + 1e-12) / speed.ravel()) * (1 - 1e-9) + overhead_s) * (1 - 1e-9) * (1 - 1e-12)
+    live = np.flatnonzero(floor < cutoff_s)
+    picks = np.unravel_index(live, shape)
+    lb = _fluid(cols, lambda ci, values: values[picks[ci]], (len(live),), n_dec, m, overhead_s)
+    ok = np.isfinite(lb) & (lb < cutoff_s)
+    return live[ok], lb[ok]
+
+
+def _class_columns(row: list[tuple[MeshWidth | None, int]]) -> tuple[np.ndarray, ...]:
+    """Per choice of one class: p / d, p·r / d, p, p·d, p·kmax, d + r, d and r (the last three
+    0, inf and inf for "unused")."""
+    p = np.array([c[1] for c in row], dtype=float)
+    d = np.array([c[0].dec_s if c[0] else 0.0 for c in row])
+    r = np.array([c[0].recv_s if c[0] else 0.0 for c in row])
+    km = np.array([c[0].kmax if c[0] else 0 for c in row], dtype=float)
+    used = p > 0
+    safe_d = np.where(used, d, 1.0)
+    return (np.where(used, p / safe_d, 0.0), np.where(used, p * r / safe_d, 0.0), p, p * d, p * km,
+            np.where(used, d + r, 0.0), np.where(used, d, math.inf), np.where(used, r, math.inf))
+
+
+def _fluid(cols: list[tuple[np.ndarray, ...]], place, shape: tuple[int, ...], n_dec: int, m: int,
+           overhead_s: float) -> np.ndarray:
+    """`fluid_bounds`' numbers over `shape`, each class's columns (`_class_columns`) laid onto it
+    by `place(class, values)` (broadcast along the class's axis, or gathered per combination)."""
     speed, per_recv, stages, a_s, cap = (np.zeros(shape) for _ in range(5))  # per_recv: sum of p·r/d
     least_c = np.zeros(shape)  # max d + r over the meshes used (where one stage only: its d, below)
     dmin, rmin = np.full(shape, math.inf), np.full(shape, math.inf)
-    for ci, row in enumerate(choices):  # in place: these arrays span every combination
-        view = [1] * k
-        view[ci] = -1
-        p = np.array([c[1] for c in row], dtype=float)
-        d = np.array([c[0].dec_s if c[0] else 0.0 for c in row])
-        r = np.array([c[0].recv_s if c[0] else 0.0 for c in row])
-        km = np.array([c[0].kmax if c[0] else 0 for c in row], dtype=float)
-        used = p > 0
-        safe_d = np.where(used, d, 1.0)
-        np.add(speed, np.where(used, p / safe_d, 0.0).reshape(view), out=speed)
-        np.add(per_recv, np.where(used, p * r / safe_d, 0.0).reshape(view), out=per_recv)
-        np.add(stages, p.reshape(view), out=stages)
-        np.add(a_s, (p * d).reshape(view), out=a_s)
-        np.add(cap, (p * km).reshape(view), out=cap)
-        np.maximum(least_c, np.where(used, d + r, 0.0).reshape(view), out=least_c)
-        np.minimum(dmin, np.where(used, d, math.inf).reshape(view), out=dmin)
-        np.minimum(rmin, np.where(used, r, math.inf).reshape(view), out=rmin)
+    for ci, (sp, pr, p, pd, pk, dr, d, r) in enumerate(cols):  # in place: these arrays span every combination
+        np.add(speed, place(ci, sp), out=speed)
+        np.add(per_recv, place(ci, pr), out=per_recv)
+        np.add(stages, place(ci, p), out=stages)
+        np.add(a_s, place(ci, pd), out=a_s)
+        np.add(cap, place(ci, pk), out=cap)
+        np.maximum(least_c, place(ci, dr), out=least_c)
+        np.minimum(dmin, place(ci, d), out=dmin)
+        np.minimum(rmin, place(ci, r), out=rmin)
     ok = (stages >= 1) & (stages <= n_dec) & (cap >= n_dec) & (speed > 0)
     on = stages > 1  # every stage of a multi-stage pipeline receives at least once
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -89,6 +136,12 @@ def group_fluid_bound(choices: list[list[tuple[MeshWidth | None, int]]], n_dec: 
     the cutoff without bounding its combinations one by one (on the 64-GPU ladder pool most of
     its groups; `fluid_bounds` over all of them had been a fifth of the chains' search)."""
     speed = sum(max((p / w.dec_s for w, p in row if w is not None and p > 0), default=0.0) for row in choices)
+    return speed_bound(speed, n_dec, m, overhead_s)
+
+
+def speed_bound(speed: float, n_dec: int, m: int, overhead_s: float) -> float:
+    """`group_fluid_bound` of choices whose speeds sum(p / d), each class's fastest, add up to at
+    most `speed` (non-increasing in it: a speed at least theirs gives a bound at most theirs)."""
     if speed <= 0:
         return math.inf
     fluid_c = n_dec / (1 + 1e-12) / speed * (1 - 1e-9)

@@ -43,10 +43,11 @@ from planner.evaluate import evaluate
 from planner.plan import Pipeline, Plan, Prediction, Stage, compress_devices
 from planner.search.chain_bounds import (
     MeshWidth,
-    fluid_bounds,
+    fluid_bounds_below,
     group_fluid_bound,
     integral_bound,
     least_largest_tail,
+    speed_bound,
     tail_levels_bound,
     tails_by_length,
 )
@@ -96,6 +97,35 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
     n_dec = model.num_layers
     capacity = st.memory_capacity_bytes(cost.knobs, rc.dev)
     key = (rc.index, g.b, g.cp, g.recompute)
+    rows = _shape_rows(cost, model, training, rc, g, single_node, memo)
+    # without ZeRO the bytes per parameter, and so every width, do not depend on the replica count
+    whole = ("widths", key) if training.zero == 0 else None
+    if whole is not None and whole in memo:
+        return memo[whole]
+    by_width: dict[int, list[tuple[StageShape, float, float, int]]] = {}
+    for shape, table, dec, recv in rows:
+        bpp = st.bytes_per_param(training.zero, st.weight_copies(g.replicas, shape.dp, shape.cp, 1))
+        fit = (key, shape, bpp)
+        if fit not in memo:
+            memo[fit] = st.most_decoders(table, n_dec, bpp, capacity)
+        by_width.setdefault(shape.gpus, []).append((shape, dec, recv, memo[fit]))
+    out = []
+    for width, found in sorted(by_width.items()):
+        if max(r[3] for r in found) == 0:
+            continue
+        out.append(MeshWidth(rc.index, width, tuple(r[0] for r in found), min(r[1] for r in found),
+                              min(r[2] for r in found), max(r[3] for r in found)))
+    if whole is not None:
+        memo[whole] = out
+    return out
+
+
+def _shape_rows(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: ResourceClass, g: _Group,
+                single_node: bool, memo: dict) -> list[tuple[StageShape, object, float, float]]:
+    """The class's costable shapes for the group's microbatch size, cp and recompute mode, each
+    with its layer table, least decoder F+B and receive time (kept in `memo`: no replica count
+    changes them)."""
+    key = (rc.index, g.b, g.cp, g.recompute)
     if key not in memo:
         if (rc.index, g.b) not in memo:  # every cp and recompute mode filters the same shapes
             memo[(rc.index, g.b)] = stage_shapes(model, training, rc, g.b)
@@ -108,29 +138,30 @@ def _widths(cost: CostModel, model: ModelSpec, training: TrainingSpec, rc: Resou
                                                        training.seq_len), model, training)
             except HetplanError:  # a strict measured profile lacks this point: leave the shape out
                 continue
-            dec = float(np.min((table.fwd_s + table.bwd_s)[1:n_dec + 1]))
+            dec = float(np.min((table.fwd_s + table.bwd_s)[1:model.num_layers + 1]))
             rows.append((shape, table, dec, st.recv_s(cost.knobs, rc.dev, table, single_node)))
         memo[key] = rows
-    # without ZeRO the bytes per parameter, and so every width, do not depend on the replica count
-    whole = ("widths", key) if training.zero == 0 else None
-    if whole is not None and whole in memo:
-        return memo[whole]
-    by_width: dict[int, list[tuple[StageShape, float, float, int]]] = {}
-    for shape, table, dec, recv in memo[key]:
-        bpp = st.bytes_per_param(training.zero, st.weight_copies(g.replicas, shape.dp, shape.cp, 1))
-        fit = (key, shape, bpp)
-        if fit not in memo:
-            memo[fit] = st.most_decoders(table, n_dec, bpp, capacity)
-        by_width.setdefault(shape.gpus, []).append((shape, dec, recv, memo[fit]))
-    out = []
-    for width, rows in sorted(by_width.items()):
-        if max(r[3] for r in rows) == 0:
-            continue
-        out.append(MeshWidth(rc.index, width, tuple(r[0] for r in rows), min(r[1] for r in rows),
-                              min(r[2] for r in rows), max(r[3] for r in rows)))
-    if whole is not None:
-        memo[whole] = out
-    return out
+    return memo[key]
+
+
+def _speed_ceiling(cost: CostModel, model: ModelSpec, training: TrainingSpec, classes: list[ResourceClass],
+                   g: _Group, single_node: bool, memo: dict) -> float:
+    """At least the speed `group_fluid_bound` sums for the group (each class's most stages of a
+    width over the width's least decoder time, best width), without the memory check that drops
+    a width no shape of which holds a decoder layer: a group it bounds at the cutoff is dropped
+    before its widths' memory limits are computed (the same decoder times and stage counts as
+    `_widths` and `_choices` give, over a superset of the widths)."""
+    speed = 0.0
+    for rc in classes:
+        key = ("dec", rc.index, g.b, g.cp, g.recompute)
+        if key not in memo:
+            dec: dict[int, float] = {}
+            for shape, _, d, _ in _shape_rows(cost, model, training, rc, g, single_node, memo):
+                dec[shape.gpus] = min(dec.get(shape.gpus, math.inf), d)
+            memo[key] = sorted(dec.items())
+        speed += max((min(rc.gpus // (g.replicas * w), model.num_layers) / d for w, d in memo[key]
+                      if rc.gpus // (g.replicas * w) >= 1), default=0.0)
+    return speed
 
 
 def _stage_counts(most: int, whole_nodes: int, thin: int) -> list[int]:
@@ -290,17 +321,21 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     lbs, gids, flats = [np.zeros(0)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     inexact = False
     for gi, g in enumerate(groups):
+        if math.isfinite(cutoff_s) and speed_bound(_speed_ceiling(cost, model, training, classes, g, single, width_memo),
+                                                   n_dec, g.microbatches, overhead) >= cutoff_s:
+            # no chain of the group can beat the cutoff (so none it might thin away could either)
+            grids.append(([], ()))
+            continue
         widths = [_widths(cost, model, training, rc, g, single, width_memo) for rc in classes]
         choices, thinned = _choices(widths, classes, g, n_dec)
         inexact |= thinned
         grids.append((choices, tuple(len(c) for c in choices)))
         if group_fluid_bound(choices, n_dec, g.microbatches, overhead) >= cutoff_s:
             continue  # every combination's bound is at least this: none would be kept
-        lb = fluid_bounds(choices, n_dec, g.microbatches, overhead).ravel()
         # a combination bounded at the cutoff or above is never taken (the queue stops before
         # it): left out before sorting (64-GPU ladder pool: 1,331 of 1.15 million left)
-        keep = np.flatnonzero(np.isfinite(lb) & (lb < cutoff_s))
-        lbs.append(lb[keep])
+        keep, lb = fluid_bounds_below(choices, n_dec, g.microbatches, overhead, cutoff_s)
+        lbs.append(lb)
         gids.append(np.full(len(keep), gi, dtype=np.int64))
         flats.append(keep.astype(np.int64))
     lb0, gid0, flat0 = np.concatenate(lbs), np.concatenate(gids), np.concatenate(flats)
