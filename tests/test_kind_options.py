@@ -171,3 +171,27 @@ def test_mixing_identical_and_position_dependent_layers_matches_the_general_dp_e
     assert got.coverage == general.coverage
     assert got.prediction.step_s == pytest.approx(general.prediction.step_s, rel=1e-9)
     assert got.lower_bound_s == pytest.approx(general.lower_bound_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero,micro_batch", [(0, 1), (1, 2)])
+def test_the_mesh_chains_read_kind_options_as_the_full_tables(zero: int, micro_batch: int) -> None:
+    """The mesh chains' stage options on the kind cells (`flagscale_grid._masked_kind`: no
+    embedding-only or head-only stage) give the same views as the masked full tables, expand to
+    them, and give the same least tail per layer count (`chain_bounds.tails_by_length`), where
+    each range of k identical layers is one of the kind cells."""
+    from planner.search import chain_bounds as cb
+    from planner.search import flagscale_grid as fg
+    for c in _costings(zero, micro_batch):
+        for r in (1, 3):
+            full = fg._masked(c.options(r, r))
+            kind = fg._masked_kind(c.kind_options(r, r))
+            expanded = full_options(kind)
+            for f in FIELDS:
+                assert np.array_equal(getattr(expanded, f), getattr(full, f)), f
+            a, b = uniform_view(full), uniform_view(kind)
+            assert a is not None and b is not None
+            for k in ("first", "mid", "last", "whole"):
+                for f in FIELDS:
+                    assert np.array_equal(getattr(getattr(a, k), f), getattr(getattr(b, k), f)), (k, f)
+            want, got = cb.tails_by_length(full), cb.tails_by_length(kind)
+            assert np.array_equal(want, got) and np.isfinite(got[1:]).any()

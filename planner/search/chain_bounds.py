@@ -21,7 +21,7 @@ import numpy as np
 from planner.search.space import StageShape
 from solvers.capped_points import batched_capped_points
 from solvers.partition import StageOptions
-from solvers.uniform_layers import UniformView
+from solvers.uniform_layers import KindCellOptions, UniformView, kind_cells
 
 TAIL_LEVELS = 12  # tail caps of the bound that decides whether an order needs its (A, C, E) frontier
 
@@ -217,12 +217,18 @@ def tail_levels_bound(views: dict[int, UniformView | None], order: tuple[tuple[M
     return min(min(p + e for p, e in zip(least, [e_lo] + caps[:-1])), least[-1] + caps[-1])
 
 
-def tails_by_length(opts: StageOptions) -> np.ndarray:
+def tails_by_length(opts: StageOptions | KindCellOptions) -> np.ndarray:
     """Per layer count k, the least tail of a stage holding k consecutive layers (any option,
-    memory for one microbatch in flight); inf where no such stage exists."""
+    memory for one microbatch in flight); inf where no such stage exists. On kind cells (identical
+    layers) every range of k layers is one of them in every field."""
     ok = np.isfinite(opts.fb) & (opts.mem_fixed + opts.act <= opts.capacity)
-    least = np.where(ok, opts.tail, math.inf).min(axis=0)  # (first, end)
+    least = np.where(ok, opts.tail, math.inf).min(axis=0)  # (first, end), or per kind cell
     n = opts.num_layers
+    if isinstance(opts, KindCellOptions):
+        first, end = kind_cells(n)
+        out = np.full(n + 1, math.inf)
+        np.minimum.at(out, end - first, least)
+        return out
     return np.array([math.inf] + [float(np.diagonal(least, offset=k).min()) for k in range(1, n + 1)])
 
 

@@ -52,7 +52,7 @@ from planner.search.chain_bounds import (
     tails_by_length,
 )
 from planner.search.megatron_grid import best_megatron_plan
-from planner.search.options import OptionContext, build_options
+from planner.search.options import OptionContext, OptionCosting
 from planner.search.space import (
     ResourceClass,
     StageShape,
@@ -64,7 +64,7 @@ from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import batched_min_max_tails, batched_step_frontiers
 from solvers.partition import Split, StageOptions, least_step_split, min_max_tail, split_frontier
-from solvers.uniform_layers import UniformView, uniform_view
+from solvers.uniform_layers import KindCellOptions, UniformView, full_options, uniform_view
 
 _PERMUTE_UPTO = 4  # classes in a plan up to which every run order is tried
 _COMBO_LIMIT = 100_000  # most run combinations per (b, cp, recompute, R) before stage counts are thinned
@@ -235,6 +235,17 @@ def _masked(opts: StageOptions) -> StageOptions:
     return StageOptions(fb, opts.tail, opts.mem_fixed, opts.act, opts.capacity)
 
 
+def _masked_kind(opts: KindCellOptions) -> KindCellOptions:
+    """`_masked` on the kind cells: [0, 1) is the first, [n - 1, n) the (2n - 1)-th
+    (`uniform_layers.kind_cells`); expanded, the full tables masked."""
+    fb = opts.fb.copy()
+    n = opts.num_layers
+    fb[:, 0] = math.inf
+    fb[:, 2 * n - 2] = math.inf
+    return KindCellOptions(fb, opts.tail, opts.mem_fixed, opts.act, opts.capacity, n,
+                           lambda: _masked(opts.expanded()))
+
+
 def _value(sp: Split, m: int) -> float:
     return sp.a_s + (m - 1) * sp.c_s + sp.e_s
 
@@ -342,7 +353,8 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     queue0 = np.lexsort((flat0, gid0, lb0))
     heap: list[tuple[float, tuple[int, int, int], int, object]] = []
     cands: list[tuple[float, tuple[int, int, int], tuple, Split]] = []
-    opts_cache: dict[tuple[int, int], StageOptions] = {}
+    opts_cache: dict[tuple[int, int], StageOptions | KindCellOptions] = {}
+    costings: dict[tuple, OptionCosting] = {}
     views: dict[tuple[int, int], UniformView | None] = {}
     tails_by_len: dict[tuple[int, int], np.ndarray] = {}
     dp_runs, ptr = 0, 0
@@ -355,12 +367,21 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         cands.sort(key=lambda c: (c[0], c[1]))
         del cands[most_kept:]
 
-    def options_of(gi: int, w: MeshWidth) -> StageOptions:
+    def options_of(gi: int, w: MeshWidth) -> StageOptions | KindCellOptions:
+        """The width's stage options in the group: on the kind cells where its layers are
+        identical (`OptionCosting.kind_options`: what the batched sweeps, the views and the tail
+        floor read; the general DP expands them), costed from one `OptionCosting` per class,
+        microbatch size and shapes (replica counts change only the tails)."""
         key = (gi, id(w))
         if key not in opts_cache:
             g = groups[gi]
-            ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
-            opts_cache[key] = _masked(build_options(cost, classes[w.cls], list(w.shapes), ctx))
+            costing_key = (w.cls, g.b, w.shapes)
+            if costing_key not in costings:
+                ctx = OptionContext(model, training, g.b, g.replicas, g.replicas, single)
+                costings[costing_key] = OptionCosting(cost, classes[w.cls], list(w.shapes), ctx)
+            costing = costings[costing_key]
+            opts_cache[key] = (_masked_kind(costing.kind_options(g.replicas, g.replicas)) if costing.uniform
+                               else _masked(costing.options(g.replicas, g.replicas)))
         return opts_cache[key]
 
     def tail_floor(gi: int, meshes: list[tuple[MeshWidth, int]]) -> float:
@@ -371,7 +392,7 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         return least_largest_tail([(tails_by_len[(gi, id(w))], p) for w, p in meshes])
 
     def positions(gi: int, order: tuple) -> list[StageOptions]:
-        return [options_of(gi, w) for w, p in order for _ in range(p)]
+        return [full_options(options_of(gi, w)) for w, p in order for _ in range(p)]
 
     def frontiers(gi: int, orders: list[tuple]) -> list[tuple[list[Split], float | None]]:
         """Per run order, its (A, C) split frontier and least largest tail: all orders in one batched
