@@ -150,6 +150,28 @@ def test_full_recompute_is_slower_and_stores_less(attention: str) -> None:
     assert full.act_bytes[1:-1].sum() < sel.act_bytes[1:-1].sum() <= none.act_bytes[1:-1].sum()
 
 
+@pytest.mark.parametrize("attention", ["naive", "flash"])
+def test_recompute_modes_share_one_costing_of_the_layers(attention: str) -> None:
+    """The three recompute modes of a shard are costed once (`AnalyticCostModel._kind_rows`) and
+    differ only where recompute acts: the decoder layers' backward and stored activations (and
+    full recompute's working set); forward, parameters, the embedding and the head are the same."""
+    m = get_model("gpt3-6.7b")
+    cost = AnalyticCostModel()
+    dev = DeviceClass(get_gpu("A100-SXM4-80GB"), 8, 600.0, 25.0)
+    training = TrainingSpec(global_batch=8, seq_len=2048, attention=attention)
+    tables = {mode: cost.layer_table(dev, Shard(2, 1, 1, 1, mode, 2048), m, training)
+              for mode in ("none", "selective", "full")}
+    assert cost._rows_cached.cache_info().misses == 1 and cost._cached.cache_info().misses == 3
+    none = tables["none"]
+    for mode, t in tables.items():
+        assert (t.fwd_s == none.fwd_s).all() and (t.params_per_gpu == none.params_per_gpu).all()
+        for a, b in ((t.bwd_s, none.bwd_s), (t.act_bytes, none.act_bytes)):
+            assert a[0] == b[0] and a[-1] == b[-1]
+        assert t.boundary_bytes == none.boundary_bytes
+    assert (tables["full"].work_bytes[1:-1] == none.act_bytes[1:-1]).all()
+    assert (tables["full"].bwd_s[1:-1] == none.bwd_s[1:-1] + none.fwd_s[1:-1]).all()
+
+
 @pytest.mark.parametrize("knobs", [Knobs(), default_knobs()], ids=["builtin", "packaged"])
 def test_slower_gpu_type_is_slower(knobs: Knobs) -> None:
     m = get_model("gpt3-1.3b")

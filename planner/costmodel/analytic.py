@@ -8,6 +8,7 @@ all-to-alls, all with the alpha-beta model of `comm`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -40,6 +41,7 @@ class AnalyticCostModel:
     def __init__(self, knobs: Knobs | None = None) -> None:
         self.knobs = knobs or default_knobs()
         self._cached = lru_cache(maxsize=4096)(self._build)
+        self._rows_cached = lru_cache(maxsize=4096)(self._kind_rows)
 
     def layer_table(self, dev: DeviceClass, shard: Shard, model: ModelSpec,
                     training: TrainingSpec) -> LayerTable:
@@ -83,6 +85,28 @@ class AnalyticCostModel:
         return t * k.tp_exposed
 
     def _build(self, dev: DeviceClass, shard: Shard, model: ModelSpec, training: TrainingSpec) -> LayerTable:
+        """The table of `shard`: its recompute mode applied to the rows every mode shares
+        (`_kind_rows`, computed once per device and shard without it: a search asks for most
+        shapes in each of the three modes)."""
+        rows = self._rows_cached(dev, replace(shard, recompute="none"), model, training)
+        stored, b_ = rows.decoder[3], rows.decoder[2]
+        full_stash = stored
+        if shard.recompute == "selective":
+            stored -= rows.selective_stored_cut
+            b_ += rows.selective_bwd_add
+        elif shard.recompute == "full":
+            stored = rows.full_stored  # the layer input only
+            b_ += rows.decoder[1]  # the whole forward again, communication included
+        decoder = (rows.decoder[0], rows.decoder[1], b_, stored, (full_stash if shard.recompute == "full" else 0.0))
+        # one row per layer kind (decoder layers are alike), laid onto the slots in one gather
+        kinds, slot_kind = _slot_kinds(model)
+        by_kind = {"embedding": rows.embedding, "head": rows.head, "decoder": decoder}
+        params, fwd, bwd, act_bytes, work = np.array([by_kind[kind] for kind in kinds], dtype=float)[slot_kind].T.copy()
+        return LayerTable(fwd, bwd, params, act_bytes, work, np.zeros(model.num_layer_slots, dtype=bool),
+                          rows.boundary)
+
+    def _kind_rows(self, dev: DeviceClass, shard: Shard, model: ModelSpec, training: TrainingSpec) -> _KindRows:
+        """Each layer kind's row without recompute, and what each recompute mode changes."""
         k = self.knobs
         tp, cp, hp, b, s = shard.tp, shard.cp, shard.hp, shard.micro_batch, shard.seq_len
         flash = training.attention == "flash"
@@ -108,10 +132,9 @@ class AnalyticCostModel:
         seq_div = tp if sp else 1
         elem_tokens = tokens_gpu / seq_div
 
-        n = model.num_layer_slots
-
-        def row(kind: str) -> tuple[float, float, float, float, float]:
-            """(params, fwd, bwd, stored activations, work bytes) of one layer of this kind."""
+        def row(kind: str) -> tuple:
+            """(params, fwd, bwd, stored activations, work bytes) of the embedding or the head;
+            (params, fwd, bwd, stored activations, F of memory, F of attention) of a decoder."""
             p_total = layer_params(model, kind)
             p_rep = layer_replicated_params(model, kind)
             param = (p_total - p_rep) / tp + p_rep
@@ -152,26 +175,31 @@ class AnalyticCostModel:
             stored = (act.seq_sharded / seq_div + act.tp_sharded / tp + act.act_fn_out / tp) * tokens_gpu
             if not flash:
                 stored += act.quadratic_per_seq * tokens_gpu * (s / cp) / (tp * hp)
-            full_stash = stored
-            if shard.recompute == "selective":
-                if flash:  # recompute the MLP activation function from its input
-                    stored -= act.act_fn_out / tp * tokens_gpu
-                    b_ += 0.25 * mem_f
-                else:  # recompute the attention core (Korthikanti et al.)
-                    stored -= act.quadratic_per_seq * tokens_gpu * (s / cp) / (tp * hp)
-                    b_ += attn_f + 0.25 * mem_f
-            elif shard.recompute == "full":
-                stored = 2.0 * elem_tokens * h  # the layer input only
-                b_ += f  # the whole forward again, communication included
-            return param, f, b_, stored, (full_stash if shard.recompute == "full" else 0.0)
+            return param, f, b_, stored, mem_f, attn_f
 
-        # one row per layer kind (decoder layers are alike), laid onto the slots in one gather
-        # (900 tables, which the 64-GPU ladder pool's setup builds, 32 -> 30 ms against filling
-        # the five arrays slot by slot)
-        kinds, slot_kind = _slot_kinds(model)
-        params, fwd, bwd, act_bytes, work = np.array([row(kind) for kind in kinds], dtype=float)[slot_kind].T.copy()
-        boundary = tokens_gpu * h * BYTES_ACT / seq_div
-        return LayerTable(fwd, bwd, params, act_bytes, work, np.zeros(n, dtype=bool), boundary)
+        param, f, b_, stored, mem_f, attn_f = row("decoder")
+        if flash:  # selective: recompute the MLP activation function from its input
+            cut, add = act.act_fn_out / tp * tokens_gpu, 0.25 * mem_f
+        else:  # selective: recompute the attention core (Korthikanti et al.)
+            cut, add = act.quadratic_per_seq * tokens_gpu * (s / cp) / (tp * hp), attn_f + 0.25 * mem_f
+        return _KindRows(row("embedding"), row("head"), (param, f, b_, stored), cut, add, 2.0 * elem_tokens * h,
+                         tokens_gpu * h * BYTES_ACT / seq_div)
+
+
+@dataclass(frozen=True, slots=True)
+class _KindRows:
+    """A shard's rows by layer kind, without recompute: (params, fwd, bwd, stored activations,
+    work bytes) of the embedding and the head, (params, fwd, bwd, stored) of a decoder layer;
+    what selective recompute takes off the stored activations and adds to the backward, what full
+    recompute stores; the bytes one GPU sends to the next stage per microbatch."""
+
+    embedding: tuple
+    head: tuple
+    decoder: tuple
+    selective_stored_cut: float
+    selective_bwd_add: float
+    full_stored: float
+    boundary: float
 
 
 @lru_cache(maxsize=64)
