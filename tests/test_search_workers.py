@@ -190,3 +190,34 @@ def test_an_error_raised_in_a_worker_process_reaches_the_parent() -> None:
         with pytest.raises(InfeasibleError) as err:
             pending.get(timeout=60)
     assert (err.value.field, err.value.reason) == ("profile", "no measurement for this point")
+
+
+def test_early_solves_are_taken_and_leave_the_answer_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next batch's first unit, started while a batch's slower unit still runs
+    (`early_tasks.EarlyTasks`), is taken when the next batch asks for it with the same arguments:
+    on the 64-GPU ladder rung with a stop gap several are, and the plan, the bound and every count
+    are those of one worker (which starts nothing early) and of two workers that start nothing
+    early either."""
+    from benchmarks.search_scale import ladder_cluster
+    from planner.search import early_tasks
+    from planner.specs import TrainingSpec
+    from planner.specs.models import get_model
+
+    model = get_model("llama2-13b")
+    training = TrainingSpec(global_batch=256, seq_len=model.seq_len)
+    seen: list[early_tasks.EarlyTasks] = []
+    run = early_tasks.EarlyTasks.run
+
+    def watched(self, pool, tasks, best, ahead):
+        seen.append(self)
+        return run(self, pool, tasks, best, ahead)
+    monkeypatch.setattr(early_tasks.EarlyTasks, "run", watched)
+    two = search(model, ladder_cluster(64), training, cost=COST, workers=2, stop_gap=0.02)
+    assert seen and seen[-1].taken >= 2
+    monkeypatch.setattr(early_tasks.EarlyTasks, "run", lambda self, pool, tasks, best, ahead: run(
+        self, pool, tasks, best, None))
+    plain = search(model, ladder_cluster(64), training, cost=COST, workers=2, stop_gap=0.02)
+    one = search(model, ladder_cluster(64), training, cost=COST, workers=1, stop_gap=0.02)
+    for other in (plain, one):
+        assert two.plan.to_json() == other.plan.to_json() and two.lower_bound_s == other.lower_bound_s
+        assert two.counts() == other.counts()

@@ -10,7 +10,9 @@ candidates started at the first plan, against it, beside the units
 (`UnitPool.start_engines_at_first_plan`; in one process they run there and then; a last step, such
 as the chains' re-split, waits until they are taken, against the best plan then), and the polish
 beside the early engine candidates (`UnitPool.speculate`), taken only where its arguments are
-those of the polish that comes next.
+those of the polish that comes next, and the next batch's first unit, started once a batch's
+faster unit leaves a worker idle (`early_tasks.EarlyTasks`), taken only where the next batch
+asks for it with the same arguments.
 
 Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
 same work in turn.
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.search.candidates import ENGINE_CANDIDATES, ENGINE_STEPS
+from planner.search.early_tasks import EarlyTasks
 from planner.search.frontier_workers import can_fork
 from planner.search.lift import lift_unit
 from planner.search.templates import PackedTemplates, Template
@@ -95,6 +98,11 @@ def _cheap_task(members: list[int]) -> tuple[list[float | None], int]:
         found[i] = cheap_bound(units[i], _SEARCH.ctx.avail, local, floor)
         floor = found[i] if found[i] is not None else floor
     return [found[i] for i in members], local.ilp_solves
+
+
+def _best_of(out: _Outcome) -> float | None:
+    """The fastest plan a unit's solve found (None: none)."""
+    return min((c.step_s for c in out.candidates), default=None)
 
 
 def _unit(index: int, lo: int, hi: int) -> Unit:
@@ -198,6 +206,7 @@ class UnitPool:
         self._ahead: dict[tuple, tuple] = {}  # polish (templates, outs) `speculate` ran, by task
         self._to_start: tuple[tuple[str, ...], list[int]] | None = None  # see `start_engines_at_first_plan`
         self._started: tuple[tuple[str, ...], object] | None = None  # (engines, their outs or pending result)
+        self._early = EarlyTasks(_solve_task, _best_of)
 
     def __enter__(self) -> UnitPool:
         return self
@@ -219,14 +228,18 @@ class UnitPool:
             _SEARCH = outer
 
     def _map(self, fn: Callable, args: list) -> tuple[list, bool]:
-        global _SEARCH
         if self._pool is None and not can_fork(self.workers, len(args)):
             return self._in_turn(fn, args), False
+        return self._forked().map(fn, args, chunksize=1), True
+
+    def _forked(self):
+        """The worker pool, forked at the first call."""
+        global _SEARCH
         if self._pool is None:
             # kept set while the pool lives: a worker the pool replaces is forked from this state
             self._outer, _SEARCH = _SEARCH, self._search
             self._pool = mp.get_context("fork").Pool(self.workers)
-        return self._pool.map(fn, args, chunksize=1), True
+        return self._pool
 
     def cheap_bounds(self) -> list[float | None]:
         """Every unit's cheap bound (`units.cheap_bound`), one task per microbatch size."""
@@ -290,12 +303,27 @@ class UnitPool:
             return outs
         return tasks, outs_of
 
-    def solve(self, batch: list[Unit], prune: float = 1e-3) -> bool:
+    def solve(self, batch: list[Unit], prune: float = 1e-3,
+              ahead: Callable[[float | None], Unit | None] | None = None) -> bool:
         """Solve a batch of units against the best plan known now (a unit whose bound is within
-        `prune` of it gets no plan, `units.solve_unit`); True if any timed out."""
+        `prune` of it gets no plan, `units.solve_unit`); True if any timed out. With `ahead` (the
+        unit the next batch would start with, given the best plan then), once a worker is left
+        idle by the batch's faster units, that unit starts against the best plan those leave
+        (`_EarlySolves`): taken only if the next batch asks for it with the same arguments."""
         ctx = self.ctx
         incumbent = min((c.step_s for c in ctx.candidates), default=None)
-        outs, forked = self._map(_solve_task, [(self._index[id(u)], u.lo, u.hi, incumbent, prune) for u in batch])
+        tasks = [(self._index[id(u)], u.lo, u.hi, incumbent, prune) for u in batch]
+
+        def next_task(best: float | None) -> tuple | None:
+            u = ahead(best) if ahead is not None else None
+            return None if u is None else (self._index[id(u)], u.lo, u.hi, best, prune)
+        if self._pool is None and not can_fork(self.workers, len(tasks)):
+            outs, forked = self._in_turn(_solve_task, tasks), False
+        else:
+            # none while the engine candidates wait for the first plan: the batch that finds it
+            # changes the best plan (and they go first)
+            outs = self._early.run(self._forked(), tasks, incumbent, None if self._to_start else next_task)
+            forked = True
         timed_out = False
         for u, out in zip(batch, outs):
             ctx.candidates.extend(out.candidates)

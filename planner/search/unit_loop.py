@@ -73,7 +73,15 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
             break
         if progress:
             progress((done + k) / total, f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
-        timed_out = pool.solve(batch, slack) or timed_out
+
+        def ahead(best: float | None, at: int = k) -> Unit | None:
+            """The unit the next batch starts with if the best plan is then `best` (None: none)."""
+            for cheap, _, u in keyed[at:]:
+                if cheap is None:
+                    continue
+                return None if best is not None and cheap + overhead >= best / (1 + slack) else u
+            return None
+        timed_out = pool.solve(batch, slack, ahead) or timed_out
         mark(ctx, "units")
     return timed_out
 

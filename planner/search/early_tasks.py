@@ -1,0 +1,72 @@
+"""Tasks of the next batch started before it, in the worker pool, taken only if that batch asks
+for them with the same arguments (the same answer, `parallel` module doc).
+
+The best-first loop solves units in batches of two, each against the best plan when its batch
+starts, and waits for the slower one: the other worker idled (0.02-0.06 s per batch on the 64-GPU
+ladder rung, about 0.1 s of its 1 s search with `stop_gap`, and the round trip of each batch's
+tasks through the pool). Once a batch's faster task is back while another still runs, the unit
+the next batch would start with, given the best plan of the tasks back (`ahead`), starts now
+against that plan. The next batch takes its out where the best plan after the whole batch is
+that one (the slower task found nothing faster) and its first unit is that unit; otherwise the
+early task's out is dropped (its worker time spent, once per batch at most).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+from collections.abc import Callable
+from typing import Any
+
+
+class EarlyTasks:
+    """`fn` run on batches of tasks in a `multiprocessing` pool, one task of each next batch
+    started early (`run`); `best_of(out)` is the fastest plan a task's out holds (None: none).
+    `taken` and `dropped` count the early tasks used and left."""
+
+    def __init__(self, fn: Callable[[tuple], Any], best_of: Callable[[Any], float | None]) -> None:
+        self.fn, self.best_of = fn, best_of
+        self.ahead: dict[tuple, tuple[int, Any]] = {}  # the early task, by its arguments: (key, handle)
+        self.done: queue.SimpleQueue = queue.SimpleQueue()  # keys of tasks back, from the pool's thread
+        self.keys = itertools.count()
+        self.taken = self.dropped = 0
+
+    def _submit(self, pool: Any, task: tuple) -> tuple[int, Any]:
+        key = next(self.keys)
+        return key, pool.apply_async(self.fn, (task,), callback=lambda _: self.done.put(key),
+                                     error_callback=lambda _: self.done.put(key))
+
+    def run(self, pool: Any, tasks: list[tuple], best: float | None,
+            ahead: Callable[[float | None], tuple | None] | None) -> list[Any]:
+        """The outs of `tasks`, one batch whose best plan so far is `best` (None: none), in order:
+        each from the early task of the same arguments if there is one, else started now. With
+        `ahead` (the next batch's first task if the best plan is then the one given; None: no
+        next batch), once a task is back and another still runs, that task starts early."""
+        left, self.ahead = self.ahead, {}  # used once: an early task left over is of a state gone by
+        handles = []
+        for task in tasks:
+            if task in left:
+                handles.append(left.pop(task))
+                self.taken += 1
+            else:
+                handles.append(self._submit(pool, task))
+        self.dropped += len(left)
+        running = {key for key, h in handles if not h.ready()}
+        for key, h in handles:  # those back already count toward the early task's best plan
+            if key not in running:
+                best = self._better(best, h.get())
+        while running:
+            key = self.done.get()
+            if key not in running:
+                continue  # an early task of an earlier batch, or one back before this batch began
+            running.discard(key)
+            best = self._better(best, next(h for k, h in handles if k == key).get())
+            if ahead is not None and running and not self.ahead:
+                task = ahead(best)
+                if task is not None:
+                    self.ahead[task] = self._submit(pool, task)
+        return [h.get() for _, h in handles]
+
+    def _better(self, best: float | None, out: Any) -> float | None:
+        found = self.best_of(out)
+        return found if best is None or (found is not None and found < best) else best
