@@ -4,11 +4,11 @@ for them with the same arguments (the same answer, `parallel` module doc).
 The best-first loop solves units in batches of two, each against the best plan when its batch
 starts, and waits for the slower one: the other worker idled (0.02-0.06 s per batch on the 64-GPU
 ladder rung, about 0.1 s of its 1 s search with `stop_gap`, and the round trip of each batch's
-tasks through the pool). Once a batch's faster task is back while another still runs, the unit
-the next batch would start with, given the best plan of the tasks back (`ahead`), starts now
-against that plan. The next batch takes its out where the best plan after the whole batch is
-that one (the slower task found nothing faster) and its first unit is that unit; otherwise the
-early task's out is dropped (its worker time spent, once per batch at most).
+tasks through the pool). Each time a batch's task (or an early one) is back while another of the
+batch still runs, the next of the units the next batch would hold, given the best plan of the
+tasks back (`ahead`), starts now against that plan. The next batch takes their outs where the
+best plan after the whole batch is that one (the slower task found nothing faster) and it holds
+those units; otherwise the early tasks' outs are dropped (their worker time spent).
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ class EarlyTasks:
                                      error_callback=lambda _: self.done.put(key))
 
     def run(self, pool: Any, tasks: list[tuple], best: float | None,
-            ahead: Callable[[float | None], tuple | None] | None) -> list[Any]:
+            ahead: Callable[[float | None], list[tuple]] | None) -> list[Any]:
         """The outs of `tasks`, one batch whose best plan so far is `best` (None: none), in order:
         each from the early task of the same arguments if there is one, else started now. With
-        `ahead` (the next batch's first task if the best plan is then the one given; None: no
-        next batch), once a task is back and another still runs, that task starts early."""
+        `ahead` (the next batch's tasks if the best plan is then the one given; none: no next
+        batch), each time a task is back while another of the batch still runs, the next of
+        those tasks starts early."""
         left, self.ahead = self.ahead, {}  # used once: an early task left over is of a state gone by
         handles = []
         for task in tasks:
@@ -52,19 +53,24 @@ class EarlyTasks:
                 handles.append(self._submit(pool, task))
         self.dropped += len(left)
         running = {key for key, h in handles if not h.ready()}
-        for key, h in handles:  # those back already count toward the early task's best plan
+        for key, h in handles:  # those back already count toward the early tasks' best plan
             if key not in running:
                 best = self._better(best, h.get())
+        early = {key for key, _ in self.ahead.values()}
         while running:
             key = self.done.get()
-            if key not in running:
+            if key in running:
+                running.discard(key)
+                best = self._better(best, next(h for k, h in handles if k == key).get())
+            elif key not in early:
                 continue  # an early task of an earlier batch, or one back before this batch began
-            running.discard(key)
-            best = self._better(best, next(h for k, h in handles if k == key).get())
-            if ahead is not None and running and not self.ahead:
-                task = ahead(best)
-                if task is not None:
-                    self.ahead[task] = self._submit(pool, task)
+            if ahead is not None and running:
+                # a worker is free: the next batch's next task (a different best plan makes
+                # earlier ones useless: they are dropped with the next batch)
+                todo = [t for t in ahead(best) if t not in self.ahead]
+                if todo:
+                    self.ahead[todo[0]] = self._submit(pool, todo[0])
+                    early.add(self.ahead[todo[0]][0])
         return [h.get() for _, h in handles]
 
     def _better(self, best: float | None, out: Any) -> float | None:

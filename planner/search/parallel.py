@@ -304,25 +304,25 @@ class UnitPool:
         return tasks, outs_of
 
     def solve(self, batch: list[Unit], prune: float = 1e-3,
-              ahead: Callable[[float | None], Unit | None] | None = None) -> bool:
+              ahead: Callable[[float | None], list[Unit]] | None = None) -> bool:
         """Solve a batch of units against the best plan known now (a unit whose bound is within
         `prune` of it gets no plan, `units.solve_unit`); True if any timed out. With `ahead` (the
-        unit the next batch would start with, given the best plan then), once a worker is left
-        idle by the batch's faster units, that unit starts against the best plan those leave
-        (`_EarlySolves`): taken only if the next batch asks for it with the same arguments."""
+        units the next batch would hold, given the best plan then), once a worker is left idle
+        by the batch's faster units, they start against the best plan those leave
+        (`early_tasks.EarlyTasks`): taken only if the next batch asks for them with the same
+        arguments."""
         ctx = self.ctx
         incumbent = min((c.step_s for c in ctx.candidates), default=None)
         tasks = [(self._index[id(u)], u.lo, u.hi, incumbent, prune) for u in batch]
 
-        def next_task(best: float | None) -> tuple | None:
-            u = ahead(best) if ahead is not None else None
-            return None if u is None else (self._index[id(u)], u.lo, u.hi, best, prune)
+        def next_tasks(best: float | None) -> list[tuple]:
+            return [(self._index[id(u)], u.lo, u.hi, best, prune) for u in (ahead(best) if ahead else [])]
         if self._pool is None and not can_fork(self.workers, len(tasks)):
             outs, forked = self._in_turn(_solve_task, tasks), False
         else:
             # none while the engine candidates wait for the first plan: the batch that finds it
             # changes the best plan (and they go first)
-            outs = self._early.run(self._forked(), tasks, incumbent, None if self._to_start else next_task)
+            outs = self._early.run(self._forked(), tasks, incumbent, None if self._to_start else next_tasks)
             forked = True
         timed_out = False
         for u, out in zip(batch, outs):

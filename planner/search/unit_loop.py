@@ -74,13 +74,16 @@ def _best_first_tier(pool: UnitPool, ctx: UnitContext, keyed: list, start: float
         if progress:
             progress((done + k) / total, f"micro_batch {batch[0].b}, pipelines {batch[0].lo}-{batch[-1].hi}")
 
-        def ahead(best: float | None, at: int = k) -> Unit | None:
-            """The unit the next batch starts with if the best plan is then `best` (None: none)."""
+        def ahead(best: float | None, at: int = k) -> list[Unit]:
+            """The units of the next batch if the best plan is then `best` (as the loop takes them)."""
+            out: list[Unit] = []
             for cheap, _, u in keyed[at:]:
-                if cheap is None:
-                    continue
-                return None if best is not None and cheap + overhead >= best / (1 + slack) else u
-            return None
+                if len(out) == UNIT_BATCH or (cheap is not None and best is not None
+                                              and cheap + overhead >= best / (1 + slack)):
+                    break
+                if cheap is not None:
+                    out.append(u)
+            return out
         timed_out = pool.solve(batch, slack, ahead) or timed_out
         mark(ctx, "units")
     return timed_out
