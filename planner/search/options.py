@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 
 from planner.costmodel import stage as st
-from planner.costmodel.base import CostModel, Shard
+from planner.costmodel.base import CostModel, DeviceClass, Shard
 from planner.search.space import BlockType, ResourceClass, StageShape
 from planner.specs.models import ModelSpec
 from planner.specs.training import TrainingSpec
@@ -75,11 +75,19 @@ class _ShapeBasis:
 
 
 def _shape_basis(cost: CostModel, rc: ResourceClass, shape: StageShape, ctx: OptionContext) -> _ShapeBasis:
-    n = ctx.model.num_layer_slots
     shard = Shard(shape.tp, shape.cp, shape.hp, ctx.micro_batch // shape.dp, shape.recompute, ctx.training.seq_len)
-    table = cost.layer_table(rc.dev, shard, ctx.model, ctx.training)
+    return _shard_basis(cost, rc.dev, shard, ctx.model, ctx.training, ctx.single_node)
+
+
+# a frontier worker costs several microbatch sizes, whose shapes share shards (size 2 with dp 2
+# runs size 1's shard): each shard's basis is computed once per process
+@functools.lru_cache(maxsize=4096)
+def _shard_basis(cost: CostModel, dev: DeviceClass, shard: Shard, model: ModelSpec, training: TrainingSpec,
+                 single_node: bool) -> _ShapeBasis:
+    n = model.num_layer_slots
+    table = cost.layer_table(dev, shard, model, training)
     sums = st.StageSums.of(table)
-    recv = st.recv_s(cost.knobs, rc.dev, table, ctx.single_node)
+    recv = st.recv_s(cost.knobs, dev, table, single_node)
     per_layer = np.array([table.fwd_s, table.bwd_s, table.params_per_gpu, table.act_bytes, table.work_bytes],
                          dtype=float)
     uniform = n >= 3 and bool(np.all(per_layer[:, 1:n - 1] == per_layer[:, 1:2]))
