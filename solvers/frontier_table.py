@@ -78,7 +78,7 @@ def batched_frontier_table(views: dict[Hashable, UniformView], rows: list[Row],
     for k in range(10_000):
         if not len(live):
             break
-        if k > 0 and budget is not None and budget.over():
+        if k > 0 and budget is not None and budget.stop(k):
             budget.cut.extend(codes.live[i] for i in live.tolist())
             keep0[live] = True  # a cut row's screen starts from its splits found (`protos.screens_of`)
             break

@@ -324,11 +324,16 @@ class Budget:
     deadline: float | None = None
     hit: bool = False
     cut: list = field(default_factory=list)
+    rounds: int | None = None  # rounds after which the rows still live are cut (a bound's sweep; not `hit`)
 
     def over(self) -> bool:
         if self.deadline is not None and time.perf_counter() > self.deadline:
             self.hit = True
         return self.hit
+
+    def stop(self, k: int) -> bool:
+        """Whether the sweep stops before its round k: past the deadline, or `rounds` rounds done."""
+        return self.over() or (self.rounds is not None and k >= self.rounds)
 
 
 def parametric_frontiers(solve: Callable[[list[Hashable], np.ndarray], list[Split | None]],

@@ -52,7 +52,8 @@ Pilot = Callable[[], tuple[object, float]]  # a task run before the frontiers: (
 BESIDE_PILOT = 2  # the smallest microbatch sizes, whose frontiers are swept beside the pilot, uncapped
 
 
-def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None) -> object:
+def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None,
+                       bound_rounds: int | None = None) -> object:
     """Fill the providers' frontiers using up to `workers` processes (no-op for one worker or
     a single task). Tasks go out largest microbatch size first (`providers` come smallest
     first): those frontiers tend to take longest (fewer microbatches per pipeline, so the horizon
@@ -65,18 +66,22 @@ def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None
     tasks of the `BESIDE_PILOT` smallest sizes, and the cap on A it returns goes to every other
     provider (`BlocksProvider.cap_pipeline_time`) before their tasks go out: the larger sizes,
     whose frontiers it cuts most. Which sizes are capped does not depend on `workers`, so neither
-    does the answer. Returns the pilot's out (None without one); with one worker the pilot runs
-    here and the frontiers are left to be computed when first asked for."""
+    does the answer. With `bound_rounds` (a search with a stop gap) the capped sizes but the
+    smallest sweep for the bound only, that many rounds (`BlocksProvider.sweep_bound_first`),
+    their plans' frontiers left to the first unit that asks. Returns the pilot's out (None without one); with one worker
+    the pilot runs here and the frontiers are left to be computed when first asked for."""
     global _JOB
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
     beside = todo[:BESIDE_PILOT] if pilot is not None else []
     capped = [p for p in providers if all(p is not q for q in beside)]
+    # the smallest capped size sweeps whole: its units are the likeliest of them to be solved for plans
+    bound_first = todo[BESIDE_PILOT + 1:] if pilot is not None and bound_rounds is not None else []
     parts = frontier_parts(len(todo), workers)
     tasks = [(p, k, n) for p, n in zip(todo, parts) for k in range(n)]
     early = [t for t in tasks if any(t[0] is q for q in beside)]
     late = [t for t in tasks if all(t[0] is not q for q in beside)][::-1]
     if not can_fork(workers, len(tasks)):
-        return _cap(capped, pilot()) if pilot is not None else None
+        return _cap(capped, pilot(), bound_first, bound_rounds) if pilot is not None else None
     order = early + late
 
     def job(arg: tuple[int, float]) -> object:
@@ -86,7 +91,7 @@ def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None
             return pilot()
         provider, k, n = order[i]
         if a_max < INF:  # the parent capped it after this worker was forked
-            provider.cap_pipeline_time(a_max)
+            _cap([provider], (None, a_max), bound_first, bound_rounds)
         return provider.frontier_part(k, n)
     _JOB = job
     back: dict[int, dict[int, tuple]] = {}  # per provider, its parts' states by part
@@ -98,7 +103,7 @@ def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None
             a_max = INF
             if first is not None:
                 got_pilot = first.get()
-                out, a_max = _cap(capped, got_pilot), got_pilot[1]
+                out, a_max = _cap(capped, got_pilot, bound_first, bound_rounds), got_pilot[1]
             sent += [pool.apply_async(_run, ((len(early) + i, a_max),)) for i in range(len(late))]
             for (provider, k, n), result in zip(order, sent):
                 got = back.setdefault(id(provider), {})
@@ -110,10 +115,15 @@ def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None
     return out
 
 
-def _cap(providers: list, pilot_out: tuple[object, float]) -> object:
-    """Cap the providers' frontiers at the pilot's A (`BlocksProvider.cap_pipeline_time`); its out."""
+def _cap(providers: list, pilot_out: tuple[object, float], bound_first: list | None = None,
+         bound_rounds: int | None = None) -> object:
+    """Cap the providers' frontiers at the pilot's A (`BlocksProvider.cap_pipeline_time`), those of
+    `bound_first` swept for the bound first (`BlocksProvider.sweep_bound_first`, `bound_rounds`
+    rounds); the pilot's out."""
     out, a_max = pilot_out
     for provider in providers:
         if hasattr(provider, "cap_pipeline_time"):
             provider.cap_pipeline_time(a_max)
+            if bound_rounds is not None and any(provider is p for p in bound_first or []):
+                provider.sweep_bound_first(bound_rounds)
     return out

@@ -123,6 +123,7 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
         self._costing: dict[BlockType, OptionCosting] | None = None  # see _options
         self._horizon_at: Horizon | None = None  # see _horizon
         self._a_max = INF  # see cap_pipeline_time
+        self.bound_rounds: int | None = None  # see sweep_bound_first
 
     @property
     def rows(self) -> dict[tuple[BlockType, ...], list[Row]]:
@@ -144,8 +145,19 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
         """The bound's protos: the plan protos (or, with ZeRO, those with memory for every
         replica), and a bound-only proto (no stages) per row a deadline cut short (`protos.screens_of`)."""
         if self._lb_protos is None:
-            self._set_lb_protos(None if self._r_lb == 1 else [self._proto_rows(self._r_lb, 0, 1, False)])
+            if self.bound_rounds is not None:
+                self._set_lb_protos([self._proto_rows(self._r_lb, 0, 1, False, self.bound_rounds)])
+            else:
+                self._set_lb_protos(None if self._r_lb == 1 else [self._proto_rows(self._r_lb, 0, 1, False)])
         return self._lb_protos
+
+    def sweep_bound_first(self, rounds: int) -> None:
+        """Take the bound's protos from the first `rounds` rounds of the split frontiers' sweep,
+        each row it cuts bounded by its screen (`protos.screens_of`, as a deadline cuts rows), and
+        sweep the plans' frontiers whole only when a plan is first asked of this size (`plan_protos`,
+        in the process that asks: the same protos in any). For a search with a stop gap, on sizes
+        whose units are seldom solved for plans (`frontier_workers.prefetch_frontiers`)."""
+        self.bound_rounds = rounds
 
     def _set_lb_protos(self, parts: list[FrontierPart] | None) -> None:
         """The bound's protos from the plan protos (`parts` None) or from `parts` (with ZeRO: memory
@@ -172,8 +184,11 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
         of the skeletons the general DP solves), to hand from a worker process to the parent
         (`adopt_frontier_parts`), and in part 0 the option costing's bases (`OptionCosting.basis`);
         the stage options themselves are rebuilt from those there (cheaper than pickling them)."""
-        plan = self._proto_rows(1, part, parts)
-        lb = None if self._r_lb == 1 else self._proto_rows(self._r_lb, part, parts, False)
+        if self.bound_rounds is not None:  # the bound's protos only (`sweep_bound_first`)
+            plan, lb = None, self._proto_rows(self._r_lb, part, parts, False, self.bound_rounds)
+        else:
+            plan = self._proto_rows(1, part, parts)
+            lb = None if self._r_lb == 1 else self._proto_rows(self._r_lb, part, parts, False)
         # part 0 also hands back the option costing's bases: the unit workers, forked from the
         # parent later, then inherit them instead of each rebuilding every block type's (about
         # 0.1 s per worker and microbatch size at 64 GPUs)
@@ -188,10 +203,14 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
             self._uniform.update(uniform)
             if bases is not None and self._costing is None:
                 self._build_costing(bases)
-        plan_parts = [st[0] for st in states]
-        self._plan_protos, self._plan_table = self._assemble(plan_parts)
-        self._plan_screens = self._screens(plan_parts)
-        self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
+        if self.bound_rounds is not None:  # plans' frontiers when first asked for (`sweep_bound_first`)
+            self._plan_protos, self._plan_table, self._plan_screens = None, None, []
+            self._set_lb_protos([st[1] for st in states])
+        else:
+            plan_parts = [st[0] for st in states]
+            self._plan_protos, self._plan_table = self._assemble(plan_parts)
+            self._plan_screens = self._screens(plan_parts)
+            self._set_lb_protos(None if self._r_lb == 1 else [st[1] for st in states])
         self._ac = {}
         self._lb_cols = None
         self._plan_use = None
@@ -243,10 +262,12 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
             return []
         return [screens[row] for group_rows in self.rows.values() for row in group_rows if row in screens]
 
-    def _proto_rows(self, r_mem: int, part: int, parts: int, with_stages: bool = True) -> FrontierPart:
+    def _proto_rows(self, r_mem: int, part: int, parts: int, with_stages: bool = True,
+                    rounds: int | None = None) -> FrontierPart:
         """Protos of every `parts`-th uniform skeleton row from `part`, by row; in part 0 also
-        those of the skeletons the general DP solves; and what the deadline cut short. Without
-        `with_stages` (bound protos under ZeRO) the part keeps their A and C only."""
+        those of the skeletons the general DP solves; and what the deadline (or, with `rounds`,
+        that many rounds of the sweep) cut short. Without `with_stages` (bound protos) the part
+        keeps their A and C only."""
         full = self._full_options(r_mem)
         used = list(dict.fromkeys(bt for g in self.rows for bt in g))
         # uniform on every option (checked on the unpruned arrays) implies uniform on any subset
@@ -254,7 +275,7 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
             if bt not in self._uniform:
                 self._uniform[bt] = self._costings()[bt].uniform
         opts, _, keep = pruned_options(full, self.shapes, use_tail=False, uniform=self._uniform)
-        budget = Budget(self.deadline)  # past it, each skeleton keeps its least-A split only
+        budget = Budget(self.deadline, rounds=rounds)  # past it, each skeleton keeps its least-A split only
         views = {bt: uniform_view(opts[bt], trusted=True) if self._uniform[bt] else None for bt in used}
         # identical decoder layers: every skeleton of uniform types in one batched sweep
         rows = [row for g, group_rows in self.rows.items() if all(views[bt] is not None for bt in g)
