@@ -221,3 +221,19 @@ def test_early_solves_are_taken_and_leave_the_answer_as_it_was(monkeypatch: pyte
     for other in (plain, one):
         assert two.plan.to_json() == other.plan.to_json() and two.lower_bound_s == other.lower_bound_s
         assert two.counts() == other.counts()
+
+
+def test_unit_workers_left_to_stop_exit_on_their_own() -> None:
+    """With nothing left running, the unit pool is closed rather than terminated at the end of a
+    search (`UnitPool.__exit__`: no wait for the workers on the way out); they exit on their own."""
+    import multiprocessing as mp
+    import time
+
+    from planner.search import parallel
+
+    res = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=2, stop_gap=0.02)
+    assert res.gap <= 0.02 and parallel._RETIRED
+    deadline = time.monotonic() + 10
+    while mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not mp.active_children()

@@ -73,6 +73,10 @@ class EarlyTasks:
                     early.add(self.ahead[todo[0]][0])
         return [h.get() for _, h in handles]
 
+    def idle(self) -> bool:
+        """Whether no early task is still running (one left over is dropped unread)."""
+        return all(h.ready() for _, h in self.ahead.values())
+
     def _better(self, best: float | None, out: Any) -> float | None:
         found = self.best_of(out)
         return found if best is None or (found is not None and found < best) else best

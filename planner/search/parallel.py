@@ -85,6 +85,7 @@ class _Search:
 
 
 _SEARCH: _Search | None = None  # set before the workers fork; they inherit it
+_RETIRED: list = []  # the last search's unit pool, closed with nothing left to run (`UnitPool.__exit__`)
 
 
 def _cheap_task(members: list[int]) -> tuple[list[float | None], int]:
@@ -214,7 +215,15 @@ class UnitPool:
     def __exit__(self, *exc: object) -> None:
         global _SEARCH
         if self._pool is not None:
-            self._pool.terminate()
+            started = self._started[1] if self._started is not None else None
+            if exc[0] is None and self._early.idle() and (started is None or isinstance(started, list)
+                                                          or started.ready()):
+                # nothing runs: the workers are told to stop and left to it (terminating them
+                # waited 5-7 ms for them at the end of every search), the pool kept until the next
+                self._pool.close()
+                _RETIRED[:] = [self._pool]
+            else:
+                self._pool.terminate()
             self._pool = None
             _SEARCH = self._outer
 
