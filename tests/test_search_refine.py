@@ -193,7 +193,7 @@ def test_a_narrow_replica_class_splits_into_single_counts() -> None:
     """Halving a narrow class would peel one count off its top and leave the part holding the
     lowest count, whose bound that count sets, as it was; it splits into single counts instead.
     The parts always cover the class exactly, in order."""
-    from planner.search.parallel import SPLIT_SINGLETONS, split_counts
+    from planner.search.replica_classes import SPLIT_SINGLETONS, split_counts
 
     assert split_counts(9, 35) == [(9, 13), (14, 35)]
     assert split_counts(9, 13) == [(9, 9), (10, 10), (11, 11), (12, 12), (13, 13)]
@@ -322,7 +322,8 @@ def test_replica_classes_cover_every_count_once(r_max: int) -> None:
     """Every pipeline count 1..r_max lies in exactly one class: on the blocks coverage singletons
     up to 4, then [5, 8] and one class above; on the exact coverage singletons up to 8, then
     classes at most 1.1x wide."""
-    from planner.search.api import BLOCKS_CLASSES, replica_classes
+    from planner.search.api import BLOCKS_CLASSES
+    from planner.search.replica_classes import replica_classes
 
     blocks, exact = replica_classes(r_max, **BLOCKS_CLASSES), replica_classes(r_max)
     for classes in (blocks, exact):

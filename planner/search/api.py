@@ -42,6 +42,7 @@ from planner.search.no_plan import after_exact_fallback, raise_no_plan
 from planner.search.frontier_workers import prefetch_frontiers
 from planner.search.parallel import UnitPool
 from planner.search.providers import BlocksProvider
+from planner.search.replica_classes import replica_classes
 from planner.search.space import ResourceClass, block_types, costable_shapes, resource_classes
 from planner.search.templates import count_sequences
 from planner.search.unit_loop import Progress, beyond_coverage, best_first, close_gap
@@ -94,30 +95,6 @@ class SearchResult:
     def counts(self) -> dict[str, float]:
         """`stats` without the wall-clock times: the same for the same input."""
         return {k: v for k, v in self.stats.items() if k not in TIMING_STATS}
-
-
-def replica_classes(r_max: int, exact_upto: int = 8, ratio: float = 1.1,
-                    edges: tuple[int, ...] | None = None) -> list[tuple[int, int]]:
-    """Singletons up to `exact_upto`, then classes [lo, hi] with hi <= lo·ratio, or (with `edges`)
-    classes ending at each edge and a last one up to `r_max`.
-
-    Any class gives a valid bound (templates are costed for its `lo`); a wide class only loosens
-    it by the gradient sync it under-costs, and refinement splits the class whose bound is lowest
-    (`UnitPool.split`). The ring all-reduce's 2(R-1)/R factor changes by at most 1/3 between
-    consecutive counts above 2 and by at most 11 % past 8 pipelines, so wide classes there cost
-    little bound (1,024 GPUs: 7.4853 s with one class past 8 against 7.4861 s with six) and save a
-    unit per class per microbatch size."""
-    out = [(r, r) for r in range(1, min(r_max, exact_upto) + 1)]
-    lo = exact_upto + 1
-    ends = iter(edges) if edges is not None else None
-    while lo <= r_max:
-        if ends is None:
-            hi = min(r_max, max(lo, int(lo * ratio)))
-        else:
-            hi = min(r_max, max(lo, next(ends, r_max)))
-        out.append((lo, hi))
-        lo = hi + 1
-    return out
 
 
 BLOCKS_CLASSES = {"exact_upto": 4, "edges": (8,)}  # replica classes on the blocks coverage

@@ -29,33 +29,13 @@ from planner.search.candidates import ENGINE_CANDIDATES, ENGINE_STEPS
 from planner.search.early_tasks import EarlyTasks
 from planner.search.frontier_workers import can_fork
 from planner.search.lift import lift_unit
+from planner.search.replica_classes import split_counts
 from planner.search.templates import PackedTemplates, Template
 from planner.search.units import (CUT_SLACK, SolvedUnit, Unit, UnitContext, cheap_bound, inherit_refinement,
                                   polish_unit, refine_unit, solve_unit)
 from solvers.assign import SolverStats
 
-SPLIT_SINGLETONS = 8  # a narrow class (at most this many counts) splits into single counts at once
 UNIT_BATCH = 2  # units solved (or refined) between updates of the best plan; fixed for determinism
-
-
-def narrow_class(lo: int, hi: int) -> bool:
-    """Whether a replica class [lo, hi] (lo < hi) is narrow: its counts lie within about 1.5x of
-    each other, so its [lo, 1.5 lo] part would reach hi - 1 (`split_counts`)."""
-    return int(lo * 1.5) >= hi - 1
-
-
-def split_counts(lo: int, hi: int) -> list[tuple[int, int]]:
-    """The parts a replica class [lo, hi] is split into: [lo, m] and [m + 1, hi] with m about
-    1.5 lo; a narrow class (m would be hi - 1, at most `SPLIT_SINGLETONS` counts) into single
-    counts at once. Halving a narrow class peels one count off the top and leaves the lower part's
-    bound where it was (its lowest count sets it): on `benchmarks/chain_check.py`'s slowest pool
-    (35 GPUs), [9, 13] went through four splits and four refinements of parts whose bound did not
-    move before [9, 9] and [10, 10] were reached. Either way every part starts from at least the
-    class's bound (`UnitPool.split`)."""
-    mid = max(lo, min(hi - 1, int(lo * 1.5)))
-    if narrow_class(lo, hi) and hi - lo < SPLIT_SINGLETONS:
-        return [(r, r) for r in range(lo, hi + 1)]
-    return [(lo, mid), (mid + 1, hi)]
 
 
 @dataclass

@@ -13,7 +13,8 @@ import numpy as np
 
 from planner.search.candidates import FLOOR_ENGINES, add_if_faster, wants_chains
 from planner.search.history import mark
-from planner.search.parallel import UNIT_BATCH, UnitPool, narrow_class
+from planner.search.parallel import UNIT_BATCH, UnitPool
+from planner.search.replica_classes import narrow_class
 from planner.search.lift import witness_plan
 from planner.search.units import SolvedUnit, Unit, UnitContext, skip_units
 
@@ -197,7 +198,7 @@ def _lift_batch(ctx: UnitContext, first: SolvedUnit, reached: Callable[[float], 
 
 def _finer_first(su: SolvedUnit) -> bool:
     """Whether a replica class already refined is refined again at its next ratio before it is
-    split: a narrow one (`parallel.narrow_class`), at every ratio. Its tails are costed for its
+    split: a narrow one (`replica_classes.narrow_class`), at every ratio. Its tails are costed for its
     lowest count, and a split leaves that count's part with the class's bound while every other
     part starts again from the coarsest ratio (a class of more than `SPLIT_SINGLETONS` counts
     peels one count per split): on `chain_check.py --seed 40` pool 18 (OPT-350M on 56 GPUs) [9, 13]
