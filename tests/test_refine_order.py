@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from planner.search import unit_loop
-from planner.search.parallel import narrow_class
+from planner.search.replica_classes import narrow_class
 from planner.search.units import REFINE_RATIOS, SolvedUnit, Unit
 
 
@@ -71,7 +71,7 @@ def test_a_narrow_class_is_refined_at_every_ratio_before_it_is_split() -> None:
     [9, 13] each refined at 1.5 and 1.15; refined at 1.15 as a class, it reached the goal at once).
     [22, 33] and [34, 51]: more counts than `SPLIT_SINGLETONS`, so a split peels the top count off
     and refines it from the coarsest ratio again, count after count."""
-    from planner.search.parallel import SPLIT_SINGLETONS, split_counts
+    from planner.search.replica_classes import SPLIT_SINGLETONS, split_counts
 
     for lo, hi in ((9, 13), (5, 8), (22, 33), (34, 51)):
         assert narrow_class(lo, hi)
