@@ -104,7 +104,7 @@ def test_units_of_cut_short_sizes_are_solved_after_the_others() -> None:
         def cheap_bounds(self) -> list[float]:
             return cheap
 
-        def solve(self, batch: list[Unit], prune: float = 1e-3) -> bool:
+        def solve(self, batch: list[Unit], prune: float = 1e-3, ahead: object = None) -> bool:
             order.extend(batch)
             ctx.candidates.append(Candidate(5.0, None, None, batch[0].b))  # a plan of 5 s
             return False
