@@ -23,6 +23,7 @@ import numpy as np
 
 from solvers.count_floor import capacity_with_floor
 from solvers.deal import deal
+from solvers.distinct import distinct
 from solvers.small_lp import SmallLP
 
 BIG_M = 10**9
@@ -356,14 +357,14 @@ def _tail_levels(e_values: np.ndarray, width_s: float, exact_upto: int) -> list[
     """(cap, floor) pairs in increasing order: plans whose largest tail T_e satisfies
     floor <= T_e <= cap (and T_e above the previous cap) are searched at this cap. Every distinct
     tail is its own level when there are few (floor = cap: exact), else buckets `width_s` wide."""
-    distinct = np.unique(e_values)
-    if len(distinct) <= exact_upto or width_s <= 0:
-        return [(float(c), float(c)) for c in distinct]
+    tails = distinct(e_values)
+    if len(tails) <= exact_upto or width_s <= 0:
+        return [(float(c), float(c)) for c in tails]
     out = []
     i = 0
-    while i < len(distinct):
-        j = int(np.searchsorted(distinct, float(distinct[i]) + width_s, side="right"))
-        out.append((float(distinct[j - 1]), float(distinct[i])))
+    while i < len(tails):
+        j = int(np.searchsorted(tails, float(tails[i]) + width_s, side="right"))
+        out.append((float(tails[j - 1]), float(tails[i])))
         i = j
     return out
 

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.assign import AssignProblem, Assignment, SolverStats, _caps
+from solvers.assign import Assignment, AssignProblem, SolverStats, _caps
 from solvers.copy_time import least_time, least_true
 from solvers.count_floor import capacity_with_floor
 from solvers.deal import deal
+from solvers.distinct import distinct
 from solvers.few_copies import INTEGRAL_COPIES, whole_copies
 from solvers.small_lp import SmallLP
 
@@ -242,9 +243,9 @@ def lp_support(p: AssignProblem, total_s: float, max_levels: int = 40,
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats,
                      p.replicas[0] if fewest else 0)
-    levels = np.unique(p.e_s[p.e_s < total_s])
+    levels = distinct(p.e_s[p.e_s < total_s])
     if len(levels) > max_levels:
-        levels = levels[np.unique(np.linspace(0, len(levels) - 1, max_levels).round().astype(int))]
+        levels = levels[distinct(np.linspace(0, len(levels) - 1, max_levels).round().astype(int))]
     used = np.zeros(len(p.a_s), dtype=bool)
     fits = joinable(p)
     for slack in SUPPORT_SLACKS:
@@ -436,7 +437,7 @@ def solve_assignment_lp(p: AssignProblem, stats: SolverStats | None = None, rel_
     usage, of = unique_rows(p.usage)
     lp = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats, p.replicas[0])
     loose = _CapacityLP(usage, of, p.avail, min(p.replicas[1], p.microbatches), stats)  # plans only
-    levels = np.unique(p.e_s)
+    levels = distinct(p.e_s)
     fits = joinable(p)
     memo: dict[int, float | None] = {}
     best: Assignment | None = None

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from solvers.distinct import distinct
 from solvers.quiet import quiet_stdout
 
 RATIO = 1.01  # the lowest interval of C is split until its ends are within this factor
@@ -146,7 +147,7 @@ class _FillLP:
         per = self.caps(c).reshape(self.held.shape)  # (position rows, shapes)
         best = np.sort(np.repeat(per.max(axis=1), self.count.astype(np.int64)))[::-1]
         stages = sum(float(self.class_gpus[k]) / float(self.lim.size[self.lim.cls == k].min())
-                     for k in np.unique(self.lim.cls).tolist())
+                     for k in distinct(self.lim.cls).tolist())
         whole = min(int(stages), len(best))
         part = best[whole] * (stages - whole) if whole < len(best) else 0.0
         return float(best[:whole].sum() + part)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from solvers.assign import AssignProblem, SolverStats, _caps, _check, _Groups
+from solvers.distinct import distinct
 
 
 def reach(p: AssignProblem, t: float, stats: SolverStats, groups: _Groups | None = None, buckets: int = 16,
@@ -53,7 +54,7 @@ def reach(p: AssignProblem, t: float, stats: SolverStats, groups: _Groups | None
     `skip_cut` (a search for plans, not a proof): a range whose check stopped at its work cap is
     passed over and the next one checked, rather than ending the search "reached"."""
     groups = groups or _Groups.of_problem(p)
-    tails = np.unique(p.e_s[p.a_s + p.e_s < t])
+    tails = distinct(p.e_s[p.a_s + p.e_s < t])
     parts = list(np.array_split(tails, min(buckets, len(tails)))) if len(tails) else []
     while parts:
         part = parts.pop(0)

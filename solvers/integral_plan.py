@@ -23,8 +23,16 @@ import time
 
 import numpy as np
 
-from solvers.assign import AssignProblem, Assignment, SolverStats, _caps, _check, _Groups
+from solvers.assign import (
+    Assignment,
+    AssignProblem,
+    SolverStats,
+    _caps,
+    _check,
+    _Groups,
+)
 from solvers.deal import deal
+from solvers.distinct import distinct
 from solvers.integral_bound import reach
 
 
@@ -32,7 +40,7 @@ def _plan_below(p: AssignProblem, t: float, buckets: int, time_limit_s: float, w
                 stats: SolverStats, groups: _Groups) -> Assignment | None:
     """Whole copies whose step (pipeline time + largest tail) is at most t, or None if no tail
     range's check finds one (module doc)."""
-    tails = np.unique(p.e_s[p.a_s + p.e_s <= t])
+    tails = distinct(p.e_s[p.a_s + p.e_s <= t])
     for part in np.array_split(tails, min(buckets, len(tails))) if len(tails) else []:
         allowed = p.e_s <= part[-1]
         timed_out = stats.timed_out

@@ -20,6 +20,7 @@ import numpy as np
 
 from planner.search.space import StageShape
 from solvers.capped_points import batched_capped_points
+from solvers.distinct import distinct
 from solvers.partition import StageOptions
 from solvers.uniform_layers import KindCellOptions, UniformView, kind_cells
 
@@ -238,7 +239,7 @@ def least_largest_tail(meshes: list[tuple[np.ndarray, int]]) -> float:
     p * max{k : t_w(k) <= E}. Every split's largest tail is at least this E (inf: none fits).
     Every candidate E at once: max{k : t_w(k) <= E} is where E falls in t_w's suffix minima."""
     layers = len(meshes[0][0]) - 1
-    cands = np.unique(np.concatenate([t[np.isfinite(t)] for t, _ in meshes]))
+    cands = distinct(np.concatenate([t[np.isfinite(t)] for t, _ in meshes]))
     if not len(cands):
         return math.inf
     held = np.zeros(len(cands))

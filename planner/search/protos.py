@@ -18,6 +18,7 @@ import numpy as np
 
 from planner.search.space import BlockType
 from solvers.batched_runs import Row, row_skeleton
+from solvers.distinct import distinct
 from solvers.frontier_table import FrontierTable
 from solvers.partition import Split
 
@@ -181,7 +182,7 @@ def stage_rows(protos: list[Proto], table: StageTable) -> dict[int, np.ndarray]:
     proto = np.repeat(np.arange(len(protos)), n)
     code = table.code[stage]
     out = {}
-    for k in np.unique(code).tolist():
+    for k in distinct(code).tolist():
         mine = code == k
         s = stage[mine]
         out[k] = np.stack([proto[mine], table.option[s], table.first[s], table.last[s] + 1], axis=1)

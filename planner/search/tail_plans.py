@@ -23,6 +23,7 @@ from planner.search.space import BlockType, skeleton_usage
 from planner.search.templates import Template, TemplateStage, pareto_indices
 from planner.specs.training import TrainingSpec
 from solvers.batched_runs import Row, batched_min_max_tails, row_skeleton, skeleton_row
+from solvers.distinct import distinct
 from solvers.frontier_table import batched_frontier_table
 from solvers.uniform_layers import INF, Kind, UniformView, uniform_view
 
@@ -52,7 +53,7 @@ def _levels(views: list[UniformView], ratio: float, lo: float | None = None, hi:
     hi = float(np.max(tails)) if hi is None else min(hi, float(np.max(tails)))
     if hi <= lo or lo <= 0:
         return [max(hi, lo)]
-    values = np.unique(tails[(tails >= lo) & (tails <= hi)])
+    values = distinct(tails[(tails >= lo) & (tails <= hi)])
     caps = [hi]
     while True:
         below = values[values < caps[-1] / ratio]
