@@ -399,7 +399,9 @@ def test_the_bounds_below_a_cutoff_are_the_fluid_bounds_below_it() -> None:
         n_dec, choices, m = _random_choices(rng)
         full = cb.fluid_bounds(choices, n_dec, m, 0.25).ravel()
         finite = np.sort(full[np.isfinite(full)])
-        cuts = [math.inf] + ([float(finite[0]), float(np.median(finite)), float(finite[-1]) * 1.01] if len(finite) else [])
+        cuts = [math.inf]
+        if len(finite):
+            cuts += [float(finite[0]), float(np.median(finite)), float(finite[-1]) * 1.01]
         for cut in cuts:
             keep, lb = cb.fluid_bounds_below(choices, n_dec, m, 0.25, cut)
             want = np.flatnonzero(np.isfinite(full) & (full < cut))

@@ -332,11 +332,12 @@ def flagscale_plans(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     lbs, gids, flats = [np.zeros(0)], [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     inexact = False
     for gi, g in enumerate(groups):
-        if math.isfinite(cutoff_s) and speed_bound(_speed_ceiling(cost, model, training, classes, g, single, width_memo),
-                                                   n_dec, g.microbatches, overhead) >= cutoff_s:
-            # no chain of the group can beat the cutoff (so none it might thin away could either)
-            grids.append(([], ()))
-            continue
+        if math.isfinite(cutoff_s):
+            ceiling = _speed_ceiling(cost, model, training, classes, g, single, width_memo)
+            if speed_bound(ceiling, n_dec, g.microbatches, overhead) >= cutoff_s:
+                # no chain of the group can beat the cutoff (so none it might thin away could either)
+                grids.append(([], ()))
+                continue
         widths = [_widths(cost, model, training, rc, g, single, width_memo) for rc in classes]
         choices, thinned = _choices(widths, classes, g, n_dec)
         inexact |= thinned

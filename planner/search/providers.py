@@ -152,11 +152,9 @@ class BlocksProvider(ProviderOptions, TailLevels, TailPlans):
         return self._lb_protos
 
     def sweep_bound_first(self, rounds: int) -> None:
-        """Take the bound's protos from the first `rounds` rounds of the split frontiers' sweep,
-        each row it cuts bounded by its screen (`protos.screens_of`, as a deadline cuts rows), and
-        sweep the plans' frontiers whole only when a plan is first asked of this size (`plan_protos`,
-        in the process that asks: the same protos in any). For a search with a stop gap, on sizes
-        whose units are seldom solved for plans (`frontier_workers.prefetch_frontiers`)."""
+        """The bound's protos from the sweep's first `rounds` rounds, each row cut there bounded by
+        its screen (`protos.screens_of`); the plans' frontiers swept whole when first asked for, in
+        the process that asks (`plan_protos`). docs/search.md, "Bound-first sweeps"."""
         self.bound_rounds = rounds
 
     def _set_lb_protos(self, parts: list[FrontierPart] | None) -> None:
