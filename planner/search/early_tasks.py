@@ -2,9 +2,9 @@
 for them with the same arguments (the same answer, `parallel` module doc).
 
 The best-first loop solves units in batches of two, each against the best plan when its batch
-starts, and waits for the slower one: the other worker idled (0.02-0.06 s per batch on the 64-GPU
-ladder rung, about 0.1 s of its 1 s search with `stop_gap`, and the round trip of each batch's
-tasks through the pool). Each time a batch's task (or an early one) is back while another of the
+starts, and waits for the slower one: the other worker idled (up to 0.06 s at a batch on the
+64-GPU ladder rung, 0.04-0.08 core-seconds over its 1 s search with `stop_gap`), besides each
+batch's round trip through the pool. Each time a batch's task (or an early one) is back while another of the
 batch still runs, the next of the units the next batch would hold, given the best plan of the
 tasks back (`ahead`), starts now against that plan. The next batch takes their outs where the
 best plan after the whole batch is that one (the slower task found nothing faster) and it holds
@@ -20,9 +20,9 @@ from typing import Any
 
 
 class EarlyTasks:
-    """`fn` run on batches of tasks in a `multiprocessing` pool, one task of each next batch
-    started early (`run`); `best_of(out)` is the fastest plan a task's out holds (None: none).
-    `taken` and `dropped` count the early tasks used and left."""
+    """`fn` run on batches of tasks in a `multiprocessing` pool, the next batch's tasks started
+    early as workers free up (`run`); `best_of(out)` is the fastest plan a task's out holds (None:
+    none). `taken` and `dropped` count the early tasks used and left."""
 
     def __init__(self, fn: Callable[[tuple], Any], best_of: Callable[[Any], float | None]) -> None:
         self.fn, self.best_of = fn, best_of

@@ -68,8 +68,9 @@ def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None
     whose frontiers it cuts most. Which sizes are capped does not depend on `workers`, so neither
     does the answer. With `bound_rounds` (a search with a stop gap) the capped sizes but the
     smallest sweep for the bound only, that many rounds (`BlocksProvider.sweep_bound_first`),
-    their plans' frontiers left to the first unit that asks. Returns the pilot's out (None without one); with one worker
-    the pilot runs here and the frontiers are left to be computed when first asked for."""
+    their plans' frontiers left to the first unit that asks. Returns the pilot's out (None
+    without one); with one worker the pilot runs here and the frontiers are left to be computed
+    when first asked for."""
     global _JOB
     todo = [p for p in providers if getattr(p, "needs_frontiers", False)]
     beside = todo[:BESIDE_PILOT] if pilot is not None else []

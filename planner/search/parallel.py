@@ -10,9 +10,9 @@ candidates started at the first plan, against it, beside the units
 (`UnitPool.start_engines_at_first_plan`; in one process they run there and then; a last step, such
 as the chains' re-split, waits until they are taken, against the best plan then), and the polish
 beside the early engine candidates (`UnitPool.speculate`), taken only where its arguments are
-those of the polish that comes next, and the next batch's first unit, started once a batch's
-faster unit leaves a worker idle (`early_tasks.EarlyTasks`), taken only where the next batch
-asks for it with the same arguments.
+those of the polish that comes next, and the next batch's units, started as a batch's faster
+units leave workers idle (`early_tasks.EarlyTasks`), taken only where the next batch asks for
+them with the same arguments.
 
 Platforms without fork, and daemon processes (pool workers, which may not start processes), do the
 same work in turn.
