@@ -387,8 +387,12 @@ def _least_tail(kinds: list[Kind], capacities: list[float], flights: int,
     f = _flights(flights, max_flight)
     out = []
     for kind, cap in zip(kinds, capacities):
-        ok = (kind.mem_fixed[None] + f * kind.act[None] <= cap) & np.isfinite(kind.fb)[None]
-        least = np.where(ok, kind.tail[None], INF).min(axis=1)  # (F, D)
+        # which options fit does not depend on the tails: kept with the kind's memory (`Kind.fits`,
+        # shared by the views whose tails `with_tail` swaps: every unit of a size asks again)
+        key = ("tail_mask", flights, max_flight, cap)
+        if key not in kind.fits:
+            kind.fits[key] = (kind.mem_fixed[None] + f * kind.act[None] <= cap) & np.isfinite(kind.fb)[None]
+        least = np.where(kind.fits[key], kind.tail[None], INF).min(axis=1)  # (F, D)
         out.append(np.concatenate([np.full_like(least[:1], INF), least]))
     return np.stack(out, axis=1)
 

@@ -14,6 +14,31 @@ from solvers.uniform_layers import frontiers, uniform_view
 from tests.test_uniform_layers import _uniform_options
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_min_max_tails_keep_the_fit_masks_across_swapped_tails(seed: int) -> None:
+    """Which options fit memory does not depend on the tails: views whose tails are swapped
+    (`uniform_layers.with_tail`, as each unit of a size swaps in its own) compute the masks once
+    and give the same least largest tails as views built afresh with those tails."""
+    from solvers.batched_runs import batched_min_max_tails
+    from solvers.partition import StageOptions
+    from solvers.uniform_layers import with_tail
+
+    n, opts, views, rows = _instance(seed)
+    rng = np.random.default_rng(seed)
+    first = batched_min_max_tails(views, rows)
+    masks = {name: {k: v for k, v in views[name].mid.fits.items() if k[0] == "tail_mask"} for name in views}
+    assert all(masks.values())
+    for _ in range(2):
+        tails = {name: o.tail * rng.uniform(0.5, 2.0) for name, o in opts.items()}
+        swapped = {name: with_tail(views[name], tails[name]) for name in views}
+        fresh = {name: uniform_view(StageOptions(o.fb, tails[name], o.mem_fixed, o.act, o.capacity))
+                 for name, o in opts.items()}
+        assert batched_min_max_tails(swapped, rows) == batched_min_max_tails(fresh, rows)
+        for name in views:  # the same mask objects, not recomputed
+            assert all(swapped[name].mid.fits[k] is m for k, m in masks[name].items())
+    assert batched_min_max_tails(views, rows) == first
+
+
 def _instance(seed: int, base: int = 500, slots: tuple[int, int] = (4, 9),
               options: tuple[int, int] = (1, 4)) -> tuple[int, dict, dict, list]:
     """Three random stage groups over n slots (some options overflow memory at deep flights),
