@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -102,6 +102,7 @@ class RowCodes:
     live: list[Row]
     total: np.ndarray  # (B,) stages per row
     rev: np.ndarray  # (B, L + 1): rev[b, r] = type index of row b's r-th stage from the end (r >= 1)
+    steps: dict = field(default_factory=dict, compare=False, repr=False)  # see `_suffix_steps`
 
     @classmethod
     def of(cls, keys: list[Hashable], rows: list[Row], n: int) -> RowCodes:
@@ -457,22 +458,38 @@ def _coded_min_max(codes: RowCodes, table: Callable[[str, int], np.ndarray], fli
     whole = table("whole", 1)
     big_n = whole.shape[2] - 1
     out[ones] = whole[1, rev[ones, 1], big_n]
-    rows = np.flatnonzero(total >= 2)
-    if not len(rows):
+    if not (total >= 2).any():
         return out
     first, mid = table("first", flights), table("mid", flights)
-    types = first.shape[1]
     rest = big_n - np.arange(big_n + 1)
-    suffix, at = np.unique(rev[rows, 1], return_inverse=True)  # r = 1: the last stage's type
-    value = table("last", 1)[1, suffix]  # (suffixes, D)
-    for r in range(1, flights):
-        if r >= 2:
-            live = total[rows] > r
-            rows, at = rows[live], at[live]
-            suffix, at = np.unique(at * types + rev[rows, r], return_inverse=True)
-            value = _minmax_conv(mid[r, suffix % types], value[suffix // types])
-        done = total[rows] == r + 1
-        if done.any():
-            b = rows[done]
-            out[b] = np.min(np.maximum(first[r + 1, rev[b, r + 1]], value[at[done]][:, rest]), axis=1)
+    value = np.zeros(0)
+    for r, (suffix, prev, ended, at, first_type) in enumerate(_suffix_steps(codes, first.shape[1], flights), 1):
+        value = table("last", 1)[1, suffix] if r == 1 else _minmax_conv(mid[r, suffix], value[prev])
+        if len(ended):
+            out[ended] = np.min(np.maximum(first[r + 1, first_type], value[at][:, rest]), axis=1)
     return out
+
+
+def _suffix_steps(codes: RowCodes, types: int, flights: int) -> list[tuple[np.ndarray, ...]]:
+    """What `_coded_min_max` walks for stage counts r = 1 .. flights - 1 from the end, which the rows
+    alone decide (kept with them: every unit of a microbatch size asks again with its own tails):
+    each distinct r-stage suffix's type of its r-th stage and its (r - 1)-stage suffix, and the rows
+    of r + 1 stages, with their suffix and the type of their first stage."""
+    key = (types, flights)
+    if key not in codes.steps:
+        total, rev = codes.total, codes.rev
+        rows = np.flatnonzero(total >= 2)
+        suffix, at = np.unique(rev[rows, 1], return_inverse=True)  # r = 1: the last stage's type
+        steps = []
+        prev = np.zeros(0, dtype=np.int64)
+        for r in range(1, flights):
+            if r >= 2:
+                live = total[rows] > r
+                rows, at = rows[live], at[live]
+                coded, at = np.unique(at * types + rev[rows, r], return_inverse=True)
+                suffix, prev = coded % types, coded // types
+            done = total[rows] == r + 1
+            ended = rows[done]
+            steps.append((suffix, prev, ended, at[done], rev[ended, r + 1]))
+        codes.steps[key] = steps
+    return codes.steps[key]

@@ -39,6 +39,30 @@ def test_min_max_tails_keep_the_fit_masks_across_swapped_tails(seed: int) -> Non
     assert batched_min_max_tails(views, rows) == first
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_coded_rows_keep_their_suffix_walk_across_tails(seed: int) -> None:
+    """`_coded_min_max` walks the rows' distinct suffixes, which the rows alone decide: coded rows
+    keep that walk (`RowCodes.steps`), and later calls with other tails give what freshly coded
+    rows give."""
+    from solvers.batched_runs import RowCodes, coded_min_max_tails
+    from solvers.partition import StageOptions
+
+    n, opts, views, rows = _instance(seed)
+    keys = list(views)
+    codes = RowCodes.of(keys, rows, n)
+    coded_min_max_tails([views[k] for k in keys], codes)
+    walk = dict(codes.steps)
+    assert walk
+    rng = np.random.default_rng(seed)
+    for _ in range(2):
+        fresh = [uniform_view(StageOptions(o.fb, o.tail * rng.uniform(0.5, 2.0), o.mem_fixed, o.act, o.capacity))
+                 for o in (opts[k] for k in keys)]
+        got = coded_min_max_tails(fresh, codes)
+        want = coded_min_max_tails(fresh, RowCodes.of(keys, rows, n))
+        assert got.tolist() == want.tolist()
+        assert all(codes.steps[k] is v for k, v in walk.items())
+
+
 def _instance(seed: int, base: int = 500, slots: tuple[int, int] = (4, 9),
               options: tuple[int, int] = (1, 4)) -> tuple[int, dict, dict, list]:
     """Three random stage groups over n slots (some options overflow memory at deep flights),
