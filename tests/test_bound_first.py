@@ -104,3 +104,20 @@ def test_plans_asked_of_a_bound_first_size_come_from_its_whole_frontier(monkeypa
     plain = search(model, cluster, training, cost=COST, workers=1, stop_gap=0.02)
     for other in (two, plain):
         assert one.plan.to_json() == other.plan.to_json() and one.lower_bound_s == other.lower_bound_s
+
+
+def test_bound_first_sizes_sweep_alike_where_the_grid_finds_no_plan() -> None:
+    """`many_types.py --seed 30` pool 22 (Llama-2 70B on 62 GPUs): the early grid finds no plan,
+    so its cap on A is infinite; the frontier workers must still sweep the larger sizes bound-first
+    as the parent marks them (they swept them whole, and the parent, expecting the bound's parts,
+    failed on the missing ones). Two workers answer as one."""
+    import random
+
+    from benchmarks.many_types import draw
+
+    rng = random.Random(30)
+    for _ in range(23):
+        _, model, cluster, training = draw(rng)
+    two = search(model, cluster, training, cost=COST, workers=2, stop_gap=0.02)
+    one = search(model, cluster, training, cost=COST, workers=1, stop_gap=0.02)
+    assert two.plan.to_json() == one.plan.to_json() and two.lower_bound_s == one.lower_bound_s

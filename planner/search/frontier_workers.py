@@ -91,7 +91,7 @@ def prefetch_frontiers(providers: list, workers: int, pilot: Pilot | None = None
             assert pilot is not None
             return pilot()
         provider, k, n = order[i]
-        if a_max < INF:  # the parent capped it after this worker was forked
+        if i >= len(early):  # the parent capped it after this worker was forked (at inf: no grid plan)
             _cap([provider], (None, a_max), bound_first, bound_rounds)
         return provider.frontier_part(k, n)
     _JOB = job
