@@ -231,6 +231,7 @@ def test_unit_workers_left_to_stop_exit_on_their_own() -> None:
 
     from planner.search import parallel
 
+    parallel._RETIRED.clear()  # an earlier search's pool must not stand in for this one's
     res = search(BIG_MODEL, BIG_CLUSTER, BIG_TRAINING, cost=COST, workers=2, stop_gap=0.02)
     assert res.gap <= 0.02 and parallel._RETIRED
     deadline = time.monotonic() + 10
